@@ -1,0 +1,26 @@
+"""specdec: speculative decoding for LLMs on PyTorch.
+
+Public API: configs (`SpecConfig`, `SamplingParams`), the plugin system
+(`get_plugin_manager`, `hookimpl`), and the records strategies exchange.
+"""
+
+from .config import ConfigError, SamplingParams, SpecConfig, resolve_capture_layers
+from .hookspecs import hookimpl
+from .registry import get_plugin_manager, resolve
+from .types import Acceptance, DraftTree, SamplingTensors, TreeMeta
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Acceptance",
+    "ConfigError",
+    "DraftTree",
+    "SamplingParams",
+    "SamplingTensors",
+    "SpecConfig",
+    "TreeMeta",
+    "get_plugin_manager",
+    "hookimpl",
+    "resolve",
+    "resolve_capture_layers",
+]

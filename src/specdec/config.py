@@ -1,0 +1,179 @@
+"""Typed, validated configuration: what to compose and within which capacities.
+
+Owns `SpecConfig` (the engine's static shape and strategy names) and `SamplingParams`
+(per-request sampling). Every rule raises `ConfigError` naming the bad value and the
+allowed range; nothing is silently clamped. Strategy *names* are checked against the
+installed plugins by `specdec.registry`, not here (third parties add names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["ConfigError", "SpecConfig", "SamplingParams", "resolve_capture_layers"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is outside its allowed range."""
+
+
+TREE_SHAPES = ("linear", "dynamic")
+
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{name}={value} is out of range; allowed: {rng}")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """What to compose (strategy names) and the engine's fixed capacities.
+
+    Capacities are static shapes: B = `max_batch_size` request slots and
+    N = `max_total_draft_tokens + 1` tree slots per request (node 0 is the root).
+    """
+
+    drafter: str = "none"  # drafting strategy, e.g. "eagle3", "none" (target-only)
+    tree: str = "linear"  # draft shape: "linear" (chain) or "dynamic" (EAGLE-2 tree)
+    verifier: str = "greedy"  # acceptance rule, e.g. "greedy", "target-only", "speculative"
+    max_draft_len: int = 5  # D: draft depth (tokens per chain / tree layers)
+    topk: int | None = None  # K: children per expanded node; dynamic tree only
+    max_total_draft_tokens: int | None = None  # draft nodes per step (N - 1); see __post_init__
+    layers_to_capture: tuple[int, ...] | None = None  # target layer *outputs*; None = drafter default
+    max_batch_size: int = 8  # B: request slots
+    max_seq_len: int = 2048  # prompt + generated tokens per request, drafts included
+    kv_block_size: int = 16  # tokens per paged-KV block
+    num_kv_blocks: int | None = None  # None = enough for every slot at max_seq_len
+    plugin_options: dict = field(default_factory=dict)  # free-form, keyed by plugin name
+
+    def __post_init__(self) -> None:
+        for name in ("drafter", "tree", "verifier"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{name} must be a non-empty strategy name, got {value!r}")
+        if self.tree not in TREE_SHAPES:
+            raise ConfigError(f"tree={self.tree!r} is unknown; allowed: {list(TREE_SHAPES)}")
+        _check_int("max_draft_len", self.max_draft_len, 1, 64)
+        _check_int("max_batch_size", self.max_batch_size, 1, 4096)
+        _check_int("max_seq_len", self.max_seq_len, 2, 1 << 20)
+        _check_int("kv_block_size", self.kv_block_size, 1, 4096)
+        if self.num_kv_blocks is not None:
+            _check_int("num_kv_blocks", self.num_kv_blocks, 1)
+
+        if self.tree == "dynamic":
+            if self.topk is None:
+                raise ConfigError("tree='dynamic' needs topk >= 1 (children per expanded node), got None")
+            _check_int("topk", self.topk, 1, 64)
+        elif self.topk is not None:
+            # An error, not a warning: a silently ignored knob hides a misconfigured benchmark.
+            raise ConfigError(
+                f"topk={self.topk} only applies to tree='dynamic'; tree={self.tree!r} drafts one chain. "
+                "Leave topk=None or set tree='dynamic'."
+            )
+
+        if self.max_total_draft_tokens is None:
+            object.__setattr__(self, "max_total_draft_tokens", self.max_draft_len * (self.topk or 1))
+        lo, hi = self.max_draft_len, self.max_draft_len * (self.topk or 1)
+        _check_int("max_total_draft_tokens", self.max_total_draft_tokens, lo, hi)
+
+        if self.layers_to_capture is not None:
+            layers = tuple(self.layers_to_capture)
+            for layer in layers:
+                if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                    raise ConfigError(f"layers_to_capture entries must be ints >= 0, got {layer!r} in {layers}")
+            if len(set(layers)) != len(layers):
+                raise ConfigError(f"layers_to_capture={layers} has duplicates; each layer may be captured once")
+            object.__setattr__(self, "layers_to_capture", tuple(sorted(layers)))
+        if self.max_seq_len <= self.num_tree_slots:
+            raise ConfigError(
+                f"max_seq_len={self.max_seq_len} must exceed the tree slots N={self.num_tree_slots} "
+                "(max_total_draft_tokens + 1)"
+            )
+
+    @property
+    def num_tree_slots(self) -> int:
+        """N: tree node slots per request, root included."""
+        return self.max_total_draft_tokens + 1
+
+    @property
+    def blocks_per_seq(self) -> int:
+        """Block-table width: blocks that hold `max_seq_len` tokens."""
+        return -(-self.max_seq_len // self.kv_block_size)
+
+    @property
+    def total_kv_blocks(self) -> int:
+        """Paged-KV pool size in blocks."""
+        return self.num_kv_blocks or self.max_batch_size * self.blocks_per_seq
+
+    def replace(self, **changes) -> "SpecConfig":
+        """A validated copy with `changes` applied (derived defaults recomputed)."""
+        if "topk" in changes or "max_draft_len" in changes or "tree" in changes:
+            changes.setdefault("max_total_draft_tokens", None)
+        return dataclasses.replace(self, **changes)
+
+
+def resolve_capture_layers(num_layers: int, layers: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Target layer *output* indices to capture (the seed's convention).
+
+    `layers=None` gives the EAGLE-3 default `(1, L//2 - 1, L - 4)`, which needs L > 5 so the
+    three layers are distinct. Explicit layers are validated against `[0, L)`; they were
+    sorted and de-duplicated by `SpecConfig`.
+    """
+    _check_int("num_layers", num_layers, 1)
+    if layers is None:
+        if num_layers <= 5:
+            raise ConfigError(
+                f"default capture layers (1, L//2-1, L-4) need num_layers L > 5, got L={num_layers}; "
+                "pass layers_to_capture explicitly"
+            )
+        return (1, num_layers // 2 - 1, num_layers - 4)
+    layers = tuple(sorted(layers))
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"layers_to_capture={layers} has duplicates")
+    for layer in layers:
+        if not 0 <= layer < num_layers:
+            raise ConfigError(f"capture layer {layer} is out of range; allowed: [0, {num_layers}) for this target")
+    return layers
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. `temperature=0` is greedy (argmax); other filters then do nothing."""
+
+    temperature: float = 0.0  # >= 0; 0 = greedy
+    top_k: int = 0  # >= 0; 0 = off
+    top_p: float = 1.0  # (0, 1]; 1 = off
+    min_p: float = 0.0  # [0, 1]; 0 = off (keeps tokens with p >= min_p * p_max)
+    seed: int | None = None  # per-request generator seed; None = engine generator
+    max_new_tokens: int = 128  # >= 1; never exceeded
+    stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting any of these
+    ignore_eos: bool = False  # keep going past the tokenizer's EOS
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ConfigError(f"temperature={t!r} is out of range; allowed: finite and >= 0 (0 = greedy)")
+        _check_int("top_k", self.top_k, 0)
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise ConfigError(f"top_p={p!r} is out of range; allowed: (0, 1]")
+        m = self.min_p
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not (0.0 <= m <= 1.0):
+            raise ConfigError(f"min_p={m!r} is out of range; allowed: [0, 1]")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, 2**63 - 1)
+        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        stops = tuple(self.stop_token_ids)
+        for tok in stops:
+            if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+                raise ConfigError(f"stop_token_ids entries must be token ids >= 0, got {tok!r}")
+        object.__setattr__(self, "stop_token_ids", stops)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

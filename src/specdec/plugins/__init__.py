@@ -1,0 +1,19 @@
+"""Built-in strategies, each a pluggy plugin module (registered by `get_plugin_manager`).
+
+Write your own: a module with functions decorated by `specdec.hookimpl` and named like
+the hooks in `specdec.hookspecs`; declare your names in `specdec_strategy_names`; expose
+the module under the entry-point group `specdec` in your package's pyproject:
+
+    [project.entry-points.specdec]
+    my_plugin = "my_package.my_module"
+"""
+
+BUILTIN_PLUGINS = (
+    "specdec.plugins.none_drafter",  # drafter="none": target-only decoding (the baseline)
+    "specdec.plugins.tree_builder",  # specdec_build_tree: parents -> TreeMeta
+    "specdec.plugins.greedy",  # verifier="greedy"
+    "specdec.plugins.target_only",  # verifier="target-only"
+    "specdec.plugins.speculative",  # verifier="speculative"
+    "specdec.plugins.relocate",  # specdec_relocate_kv: paged KV relocation
+    "specdec.plugins.eagle3",  # drafter="eagle3": linear and dynamic-tree EAGLE-3 drafting
+)

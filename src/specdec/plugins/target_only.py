@@ -1,0 +1,15 @@
+"""verifier="target-only" (placeholder until issue 3 lands; the helper writing issue 3 replaces this file)."""
+
+from specdec.hookspecs import hookimpl
+
+
+@hookimpl
+def specdec_strategy_names():
+    return {"verifier": ["target-only"]}
+
+
+@hookimpl
+def specdec_verify(config):
+    if config.verifier == "target-only":
+        raise NotImplementedError("verifier='target-only' waits for issue 3 (tree ops)")
+    return None

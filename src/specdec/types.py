@@ -1,0 +1,116 @@
+"""The tensor records that strategies hand each other, with their contracts.
+
+Glossary: B batch (request slots), N tree slots (root + draft nodes), D draft depth,
+K top-K, V vocab, d hidden size. Node 0 is the root: the request's newest token, whose KV
+is not cached yet. Nodes are in topological order (`parents[b, i] < i`, `parents[b, 0] = -1`);
+nodes `i >= num_nodes[b]` are padding. All index tensors are int64 (torch indexes with it);
+only the bit-packed mask is int32.
+
+This module owns no logic beyond shape checks; the ops live in `specdec.ops`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DraftTree", "TreeMeta", "Acceptance", "SamplingTensors"]
+
+
+@dataclass
+class DraftTree:
+    """A drafter's proposal: a tree of N slots per request.
+
+    tokens:      [B, N] int64, token of each node (node 0 = root token)
+    parents:     [B, N] int64, parent index, -1 for the root and for padding
+    num_nodes:   [B] int64, valid nodes per request (1..N; 1 = root only, nothing drafted)
+    draft_probs: [B, N, V] float32 or None, the draft distribution at node i from which
+                 i's children were *sampled* (only for `verifier="speculative"`); rows of
+                 leaves and padding are unused.
+    """
+
+    tokens: torch.Tensor  # [B, N] int64
+    parents: torch.Tensor  # [B, N] int64
+    num_nodes: torch.Tensor  # [B] int64
+    draft_probs: torch.Tensor | None = None  # [B, N, V] float32
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclass
+class TreeMeta:
+    """What attention and verification need from a tree, derived from `parents`.
+
+    packed_mask:    [B, N, ceil(N/32)] int32; bit j%32 of word j//32 in row i is 1 iff node j
+                    is node i or an ancestor of i. Padding rows carry their self bit only.
+    positions:      [B, N] int64, depth of node i (root 0; padding 0). Absolute position is
+                    committed_len[b] + positions[b, i].
+    next_token:     [B, N] int64, first child (lowest index) of node i, or -1.
+    next_sibling:   [B, N] int64, next child of i's parent after i, or -1.
+    retrieve_index: [B, N] int64, flat row b*N + i of node i in a [B*N, ...] batch, -1 for padding.
+    """
+
+    packed_mask: torch.Tensor  # [B, N, ceil(N/32)] int32
+    positions: torch.Tensor  # [B, N] int64
+    next_token: torch.Tensor  # [B, N] int64
+    next_sibling: torch.Tensor  # [B, N] int64
+    retrieve_index: torch.Tensor  # [B, N] int64
+
+    @staticmethod
+    def empty(batch_size: int, num_slots: int, device: torch.device | str = "cpu") -> "TreeMeta":
+        """Preallocated buffers for `build_tree(..., out=meta)`; contents undefined until built."""
+        words = (num_slots + 31) // 32
+        kw = dict(device=device, dtype=torch.int64)
+        return TreeMeta(
+            packed_mask=torch.zeros(batch_size, num_slots, words, device=device, dtype=torch.int32),
+            positions=torch.zeros(batch_size, num_slots, **kw),
+            next_token=torch.full((batch_size, num_slots), -1, **kw),
+            next_sibling=torch.full((batch_size, num_slots), -1, **kw),
+            retrieve_index=torch.full((batch_size, num_slots), -1, **kw),
+        )
+
+
+@dataclass
+class Acceptance:
+    """A verifier's verdict for one step.
+
+    accept_length: [B] int64, accepted draft nodes a (0..depth); a + 1 tokens are emitted.
+    accept_nodes:  [B, N] int64, path [0, c1, ..., ca] root first, then -1.
+    accept_tokens: [B, N] int64, tokens of c1..ca then the bonus token sampled from the
+                   target at ca, then -1.
+    """
+
+    accept_length: torch.Tensor  # [B] int64
+    accept_nodes: torch.Tensor  # [B, N] int64
+    accept_tokens: torch.Tensor  # [B, N] int64
+
+
+@dataclass
+class SamplingTensors:
+    """Per-request sampling parameters as tensors, one row per request slot.
+
+    temperature: [B] float32 (0 = greedy), top_k: [B] int64 (0 = off),
+    top_p: [B] float32 (1 = off), min_p: [B] float32 (0 = off).
+    """
+
+    temperature: torch.Tensor  # [B] float32
+    top_k: torch.Tensor  # [B] int64
+    top_p: torch.Tensor  # [B] float32
+    min_p: torch.Tensor  # [B] float32
+
+    @staticmethod
+    def from_params(params, device: torch.device | str = "cpu") -> "SamplingTensors":
+        """Stack a sequence of `SamplingParams` (one per row)."""
+        return SamplingTensors(
+            temperature=torch.tensor([float(p.temperature) for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor([int(p.top_k) for p in params], dtype=torch.int64, device=device),
+            top_p=torch.tensor([float(p.top_p) for p in params], dtype=torch.float32, device=device),
+            min_p=torch.tensor([float(p.min_p) for p in params], dtype=torch.float32, device=device),
+        )

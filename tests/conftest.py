@@ -1,0 +1,29 @@
+"""Shared test setup: Triton interpreter on CPU, hypothesis profiles, device fixture.
+
+Profiles (pick with HYPOTHESIS_PROFILE): `ci` (default; derandomized, modest, no deadline),
+`dev` (random, modest), `gpu` (many examples, for a CUDA machine).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run under the interpreter on CPU; must be set before triton is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=25, derandomize=True, print_blob=True, **_common)
+settings.register_profile("dev", max_examples=25, **_common)
+settings.register_profile("gpu", max_examples=500, print_blob=True, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """CUDA when present, else CPU (Triton kernels then run interpreted)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
