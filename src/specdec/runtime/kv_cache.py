@@ -1,0 +1,248 @@
+"""Paged K/V cache: one flat storage tensor for every layer, block tables, host-side allocation.
+
+Owns the memory layout of the target's K/V and the bookkeeping of which blocks back which
+request slot. It never computes attention (`runtime.attention`) and never moves tokens
+between positions (`specdec.kernels.kv_relocate`); both read the layout described here.
+
+Layout. Layer l stores K then V, each a region of ``(num_blocks * block_size + 1)`` token
+rows of ``n_kv_heads[l] * head_dim`` elements. The extra last row of every region is a
+*sink*: fixed-shape writes send their padding rows there, so padding never touches real
+tokens. All regions live back to back in one 1-D ``storage`` tensor, so one kernel can
+address every layer (``region_offsets`` / ``row_widths``), also when layers differ in KV
+heads. A logical position p of slot s lives in flat token row
+``block_tables[s, p // block_size] * block_size + p % block_size``.
+
+Allocation (`reserve` / `free`) is host-side bookkeeping, done between steps, never inside
+a compiled step; it raises `KVCacheError` naming the value and the limit instead of ever
+writing past what a slot owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["KVCacheError", "PagedKVCache"]
+
+
+class KVCacheError(RuntimeError):
+    """A request does not fit: past `max_seq_len`, or the block pool is exhausted."""
+
+
+def _check_int(name: str, value, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+    return value
+
+
+class PagedKVCache:
+    """Paged K/V for every layer in ONE flat storage tensor.
+
+    Per-layer views: ``k(layer)``, ``v(layer)``: [num_blocks, block_size, n_kv_heads[layer], head_dim].
+    ``block_tables``: [max_batch_size, blocks_per_seq] int64, -1 = unallocated.
+
+    Args:
+        num_layers: decoder layers.
+        num_kv_heads: KV heads, one int for all layers or one per layer.
+        head_dim: size of one head.
+        max_batch_size: request slots (block-table rows).
+        max_seq_len: most logical positions one slot may hold (drafts included).
+        block_size: tokens per block.
+        num_blocks: blocks in the pool; None = enough for every slot at `max_seq_len`.
+        device, dtype: of the storage.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int | Sequence[int],
+        head_dim: int,
+        *,
+        max_batch_size: int,
+        max_seq_len: int,
+        block_size: int,
+        num_blocks: int | None = None,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.num_layers = _check_int("num_layers", num_layers, 1)
+        if isinstance(num_kv_heads, int):
+            heads = (num_kv_heads,) * num_layers
+        else:
+            heads = tuple(num_kv_heads)
+            if len(heads) != num_layers:
+                raise ValueError(f"num_kv_heads has {len(heads)} entries; need one per layer ({num_layers})")
+        for h in heads:
+            _check_int("num_kv_heads", h, 1)
+        self.num_kv_heads: tuple[int, ...] = heads
+        self.head_dim = _check_int("head_dim", head_dim, 1)
+        self.max_batch_size = _check_int("max_batch_size", max_batch_size, 1)
+        self.max_seq_len = _check_int("max_seq_len", max_seq_len, 1)
+        self.block_size = _check_int("block_size", block_size, 1)
+        self.blocks_per_seq = -(-max_seq_len // block_size)
+        if num_blocks is None:
+            num_blocks = max_batch_size * self.blocks_per_seq
+        self.num_blocks = _check_int("num_blocks", num_blocks, 1)
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+        self.num_tokens = num_blocks * block_size  # real token rows per region; row num_tokens is the sink
+        offsets, widths, total = [], [], 0
+        for h in heads:
+            for _ in ("k", "v"):
+                offsets.append(total)
+                widths.append(h * head_dim)
+                total += (self.num_tokens + 1) * h * head_dim
+        self.storage = torch.zeros(total, device=self.device, dtype=dtype)  # [sum of regions]
+        # [2 * num_layers] int64: element offset / row width of region 2*l (K) and 2*l + 1 (V)
+        self.region_offsets = torch.tensor(offsets, dtype=torch.int64, device=self.device)
+        self.row_widths = torch.tensor(widths, dtype=torch.int64, device=self.device)
+        self._rows = [
+            self.storage[off : off + (self.num_tokens + 1) * w].view(self.num_tokens + 1, h, head_dim)
+            for off, w, h in zip(offsets, widths, (x for x in heads for _ in (0, 1)))
+        ]  # per region: [num_tokens + 1, Hkv, hd], last row = sink
+
+        # [max_batch_size, blocks_per_seq] int64, -1 = unallocated; mirrored on the host below
+        self.block_tables = torch.full((max_batch_size, self.blocks_per_seq), -1, dtype=torch.int64, device=self.device)
+        self._free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # stack; pops lowest first
+        self._owned: list[list[int]] = [[] for _ in range(max_batch_size)]
+
+    # ----------------------------------------------------------------- views
+    def k(self, layer: int) -> torch.Tensor:
+        """K of `layer`: [num_blocks, block_size, n_kv_heads[layer], head_dim] (a view)."""
+        return self._rows[2 * layer][: self.num_tokens].view(self.num_blocks, self.block_size, -1, self.head_dim)
+
+    def v(self, layer: int) -> torch.Tensor:
+        """V of `layer`: [num_blocks, block_size, n_kv_heads[layer], head_dim] (a view)."""
+        return self._rows[2 * layer + 1][: self.num_tokens].view(self.num_blocks, self.block_size, -1, self.head_dim)
+
+    def k_rows(self, layer: int) -> torch.Tensor:
+        """K of `layer` by flat token row: [num_tokens + 1, Hkv, hd]; the last row is the sink."""
+        return self._rows[2 * layer]
+
+    def v_rows(self, layer: int) -> torch.Tensor:
+        """V of `layer` by flat token row: [num_tokens + 1, Hkv, hd]; the last row is the sink."""
+        return self._rows[2 * layer + 1]
+
+    @property
+    def sink_index(self) -> int:
+        """Flat token row that absorbs padding writes (never read as a real token)."""
+        return self.num_tokens
+
+    # ------------------------------------------------------------ allocation
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    def capacity(self, slot: int) -> int:
+        """Logical positions of `slot` currently backed by blocks."""
+        return len(self._owned[self._check_slot(slot)]) * self.block_size
+
+    def _check_slot(self, slot: int) -> int:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_batch_size:
+            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.max_batch_size})")
+        return slot
+
+    def reserve(self, slot: int, num_tokens: int) -> None:
+        """Back logical positions [0, num_tokens) of `slot` with blocks (host side, between steps).
+
+        Blocks already owned are kept; only the missing ones are taken from the pool, so
+        calling it before every step with the step's end position is cheap. Raises
+        `KVCacheError` naming the value if `num_tokens > max_seq_len` or the pool has too
+        few free blocks; then nothing is allocated.
+        """
+        self._check_slot(slot)
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens > self.max_seq_len:
+            raise KVCacheError(
+                f"slot {slot} needs {num_tokens} positions, more than max_seq_len={self.max_seq_len}"
+            )
+        owned = self._owned[slot]
+        need = -(-num_tokens // self.block_size) - len(owned)
+        if need <= 0:
+            return
+        if need > len(self._free_blocks):
+            raise KVCacheError(
+                f"slot {slot} needs {need} more KV blocks for {num_tokens} positions but only "
+                f"{len(self._free_blocks)} of num_blocks={self.num_blocks} are free "
+                f"(block_size={self.block_size}); free finished requests or raise num_kv_blocks"
+            )
+        new = [self._free_blocks.pop() for _ in range(need)]
+        start = len(owned)
+        owned.extend(new)
+        self.block_tables[slot, start : start + need] = torch.tensor(new, dtype=torch.int64).to(self.device)
+
+    def free(self, slot: int) -> None:
+        """Return every block of `slot` to the pool and clear its block-table row."""
+        self._check_slot(slot)
+        owned = self._owned[slot]
+        if owned:
+            self._free_blocks.extend(reversed(owned))
+            owned.clear()
+            self.block_tables[slot].fill_(-1)
+
+    # ---------------------------------------------------------------- writes
+    def token_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat token row of each (row, logical position); -1 where the block is unallocated.
+
+        Args:
+            slots: [B] int64 request slot of each row.
+            positions: [B, T] int64 logical positions (out-of-range ones give -1).
+        Returns:
+            [B, T] int64.
+        """
+        inside = (positions >= 0) & (positions < self.blocks_per_seq * self.block_size)
+        pos = torch.where(inside, positions, 0)
+        block = self.block_tables[slots[:, None], pos // self.block_size]  # [B, T]
+        index = block * self.block_size + pos % self.block_size
+        return torch.where(inside & (block >= 0), index, -1)
+
+    def write_index(self, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Flat token index ``block * block_size + offset`` per (row, position); -1 where not valid.
+
+        A valid position whose block is not reserved also gives -1 (its write is dropped
+        into the sink instead of landing in another request's memory).
+
+        Args:
+            slots: [B] int64; positions: [B, T] int64 logical positions; valid: [B, T] bool.
+        Returns:
+            [B, T] int64.
+        """
+        return torch.where(valid, self.token_index(slots, positions), -1)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, write_index: torch.Tensor) -> None:
+        """Store K/V of new tokens (mutates the cache in place; fixed shape).
+
+        Args:
+            layer: decoder layer.
+            k, v: [B, T, Hkv, hd] in any float dtype (cast to the cache dtype).
+            write_index: [B, T] int64 from `write_index`; rows with -1 go to the sink row.
+        """
+        index = torch.where(write_index < 0, self.num_tokens, write_index).reshape(-1)  # [B*T]
+        hkv = self.num_kv_heads[layer]
+        self._rows[2 * layer].index_copy_(0, index, k.reshape(-1, hkv, self.head_dim).to(self.dtype))
+        self._rows[2 * layer + 1].index_copy_(0, index, v.reshape(-1, hkv, self.head_dim).to(self.dtype))
+
+    def gather(self, layer: int, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V at logical positions (reference and test helper; unallocated positions read 0).
+
+        Args:
+            slots: [B] int64; positions: [B, S] int64.
+        Returns:
+            k, v: [B, S, Hkv, hd] each, cache dtype.
+        """
+        index = self.token_index(slots, positions)
+        safe = torch.where(index < 0, self.num_tokens, index)
+        k = self._rows[2 * layer][safe]
+        v = self._rows[2 * layer + 1][safe]
+        keep = (index >= 0)[..., None, None]
+        return torch.where(keep, k, 0), torch.where(keep, v, 0)
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedKVCache(layers={self.num_layers}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"slots={self.max_batch_size}, max_seq_len={self.max_seq_len}, block_size={self.block_size}, "
+            f"blocks={self.num_blocks} ({self.num_free_blocks} free), dtype={self.dtype}, device={self.device})"
+        )
