@@ -131,7 +131,13 @@ def resolve_capture_layers(num_layers: int, layers: tuple[int, ...] | None) -> t
                 f"default capture layers (1, L//2-1, L-4) need num_layers L > 5, got L={num_layers}; "
                 "pass layers_to_capture explicitly"
             )
-        return (1, num_layers // 2 - 1, num_layers - 4)
+        default = (1, num_layers // 2 - 1, num_layers - 4)
+        if len(set(default)) != 3:
+            raise ConfigError(
+                f"default capture layers (1, L//2-1, L-4) for L={num_layers} are {default}, not distinct; "
+                "pass layers_to_capture explicitly"
+            )
+        return default
     layers = tuple(sorted(layers))
     if len(set(layers)) != len(layers):
         raise ConfigError(f"layers_to_capture={layers} has duplicates")
