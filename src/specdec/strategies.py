@@ -6,7 +6,7 @@ asks them for capabilities (`needs_hidden_states`, `lossless`, ...), never for n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -26,6 +26,9 @@ class TargetInfo:
     vocab_size: int
     model_type: str = "unknown"
     eos_token_ids: tuple[int, ...] = ()
+    # The loaded target module (`specdec.models.DecoderLM`) for drafters that share its
+    # embeddings or LM head; None when resolving without weights.
+    model: object | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
