@@ -1,8 +1,38 @@
-"""specdec_relocate_kv (placeholder until issue 4 lands; the helper writing issue 4 replaces this file)."""
+"""Built-in `specdec_relocate_kv`: paged KV relocation for every config.
+
+Owns only the choice of relocator; the kernel and its reference live in
+`specdec.kernels.kv_relocate`. Works for any attention layout the cache holds (layers
+with different KV head counts, sliding-window layers: relocation moves whole token rows,
+the window is applied by attention's mask).
+"""
+
+from __future__ import annotations
+
+import torch
 
 from specdec.hookspecs import hookimpl
+from specdec.kernels.kv_relocate import relocate_kv
 
 
-@hookimpl
+class PagedRelocator:
+    """``(cache, committed_len [B], accept_nodes [B, N], accept_length [B]) -> None``.
+
+    Reads only the first ``max_draft_len + 1`` path entries (accept_length <= max_draft_len),
+    so the kernel's tile is sized by the draft depth, not by the tree width.
+    """
+
+    def __init__(self, max_path: int, impl: str = "auto") -> None:
+        self.max_path = max_path
+        self.impl = impl
+
+    def __call__(self, cache, committed_len: torch.Tensor, accept_nodes: torch.Tensor, accept_length: torch.Tensor):
+        relocate_kv(cache, committed_len, accept_nodes[:, : self.max_path], accept_length, impl=self.impl)
+
+    def __repr__(self) -> str:
+        return f"PagedRelocator(max_path={self.max_path}, impl={self.impl!r})"
+
+
+@hookimpl(trylast=True)
 def specdec_relocate_kv(config):
-    raise NotImplementedError("specdec_relocate_kv waits for issue 4")
+    """The paged relocator for any config (registered last, so a third party may override it)."""
+    return PagedRelocator(max_path=config.max_draft_len + 1)

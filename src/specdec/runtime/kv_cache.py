@@ -98,6 +98,7 @@ class PagedKVCache:
         # [2 * num_layers] int64: element offset / row width of region 2*l (K) and 2*l + 1 (V)
         self.region_offsets = torch.tensor(offsets, dtype=torch.int64, device=self.device)
         self.row_widths = torch.tensor(widths, dtype=torch.int64, device=self.device)
+        self.max_row_width = max(widths)
         self._rows = [
             self.storage[off : off + (self.num_tokens + 1) * w].view(self.num_tokens + 1, h, head_dim)
             for off, w, h in zip(offsets, widths, (x for x in heads for _ in (0, 1)))
