@@ -115,8 +115,10 @@ class SpecEngine:
     def free_slots(self) -> list[int]:
         return [s for s, r in enumerate(self.requests) if r is None]
 
-    def add_request(self, prompt: list[int], params: SamplingParams) -> RequestState:
-        """Prefill `prompt` into a free slot and sample its first token."""
+    def check_request(self, prompt: list[int], params: SamplingParams) -> None:
+        """Raise `ConfigError` if `prompt` / `params` cannot run; touches no state."""
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"sampling must be a SamplingParams, got {type(params).__name__}")
         if len(prompt) == 0:
             raise ConfigError("prompt is empty; a request needs at least one token")
         vocab = self.runner.info.vocab_size
@@ -129,6 +131,10 @@ class SpecEngine:
                 f"prompt of {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} + "
                 f"{self.num_slots_tree} tree slots = {need} exceeds max_seq_len={self.config.max_seq_len}"
             )
+
+    def add_request(self, prompt: list[int], params: SamplingParams) -> RequestState:
+        """Prefill `prompt` into a free slot and sample its first token."""
+        self.check_request(prompt, params)
         free = self.free_slots()
         if not free:
             raise ConfigError(f"all {self.config.max_batch_size} request slots are busy (max_batch_size)")

@@ -1,0 +1,139 @@
+"""`SpecDecoder`: the user-facing entry point (load, compose, generate).
+
+Owns turning user inputs (paths, strings or token lists, sampling params) into engine
+requests and results with stats. The step logic lives in `engine.py`; strategies come from
+the plugins through `registry.resolve`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import pluggy
+import torch
+
+from .config import ConfigError, SamplingParams, SpecConfig
+from .engine import SpecEngine
+from .registry import resolve
+
+__all__ = ["SpecDecoder", "GenerationResult", "GenerationStats"]
+
+
+@dataclass
+class GenerationStats:
+    """steps: target forwards after prefill; accepted_per_step: draft tokens accepted each step;
+    mean_accept_length: tokens emitted per target forward (prefill's first token excluded)."""
+
+    steps: int
+    accepted_per_step: list[int]
+    mean_accept_length: float
+    lossless: bool  # the verifier provably preserves the target's output
+    finish_reason: str | None
+    seconds: float = 0.0
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # the new tokens
+    text: str | None  # decoded new tokens, when the target has a tokenizer
+    stats: GenerationStats
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+
+class SpecDecoder:
+    """A target, a drafter, a tree shape and a verifier, composed by `SpecConfig`.
+
+    Example:
+        dec = SpecDecoder.from_pretrained(target_path, "heads/eagle3", SpecConfig(drafter="eagle3"))
+        out = dec.generate(["def fib(n):"], SamplingParams(max_new_tokens=64))
+    """
+
+    def __init__(self, target, config: SpecConfig, *, pm: pluggy.PluginManager | None = None, seed: int = 0):
+        from .runtime.runner import ModelRunner
+
+        self.target = target
+        self.config = config
+        info = dataclasses.replace(target.info, model=target.model)
+        self.strategies = resolve(config, info, pm)
+        device = next(target.model.parameters()).device
+        runner = ModelRunner(target, config, self.strategies.capture_layers, self.strategies.drafter.num_tree_slots)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        self.engine = SpecEngine(config, runner, self.strategies, device=device, generator=gen)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target,
+        draft=None,
+        config: SpecConfig | None = None,
+        *,
+        device="cpu",
+        dtype: torch.dtype = torch.float32,
+        pm: pluggy.PluginManager | None = None,
+        seed: int = 0,
+    ) -> "SpecDecoder":
+        """Load `target` (HF folder, .gguf, or an already loaded `Target`) and compose it with a drafter.
+
+        `draft` is the drafter's checkpoint (path or model object); it is handed to the drafter
+        plugin as `config.plugin_options[config.drafter]["checkpoint"]`.
+        """
+        from .models import load_target
+
+        config = config or SpecConfig()
+        if not hasattr(target, "model"):
+            target = load_target(target, device=device, dtype=dtype)
+        if draft is not None:
+            options = dict(config.plugin_options)
+            options[config.drafter] = {**options.get(config.drafter, {}), "checkpoint": draft}
+            config = dataclasses.replace(config, plugin_options=options)
+        return cls(target, config, pm=pm, seed=seed)
+
+    # ------------------------------------------------------------------ generate
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            tok = self.target.tokenizer
+            if tok is None:
+                raise ConfigError("string prompts need a target with a tokenizer; pass token-id lists")
+            return list(tok(prompt, add_special_tokens=False)["input_ids"])
+        if isinstance(prompt, torch.Tensor):
+            return [int(t) for t in prompt.reshape(-1).tolist()]
+        return [int(t) for t in prompt]
+
+    def generate(self, prompts, sampling: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
+        """Generate for a batch of prompts (token-id lists, or strings with a tokenizer).
+
+        `sampling` is one `SamplingParams` for all, or one per prompt. At most
+        `config.max_batch_size` prompts per call; every prompt is checked before any runs.
+        """
+        if isinstance(prompts, (str, torch.Tensor)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ConfigError("generate() needs at least one prompt")
+        if len(prompts) > self.config.max_batch_size:
+            raise ConfigError(f"{len(prompts)} prompts exceed max_batch_size={self.config.max_batch_size}")
+        sampling = sampling or SamplingParams()
+        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+        if len(params) != len(prompts):
+            raise ConfigError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one or one each")
+        encoded = [self._encode(p) for p in prompts]
+        engine = self.engine
+        for i, ids in enumerate(encoded):  # validate everything before touching the engine
+            engine.check_request(ids, params[i])
+        start = time.perf_counter()
+        requests = [engine.add_request(ids, p) for ids, p in zip(encoded, params)]
+        engine.run_until_done()
+        seconds = time.perf_counter() - start
+        lossless = bool(getattr(self.strategies.verifier, "lossless", False))
+        results = []
+        for ids, req in zip(encoded, requests):
+            steps = len(req.accepted_per_step)
+            emitted_after_prefill = len(req.token_ids) - 1
+            mean = emitted_after_prefill / steps if steps else float("nan")
+            stats = GenerationStats(steps, list(req.accepted_per_step), mean, lossless, req.finish_reason, seconds)
+            text = self.target.tokenizer.decode(req.token_ids) if self.target.tokenizer is not None else None
+            results.append(GenerationResult(req.token_ids, text, stats, ids))
+        return results

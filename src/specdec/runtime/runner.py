@@ -1,0 +1,83 @@
+"""`ModelRunner`: the engine's `TargetRunner` for a loaded `DecoderLM`.
+
+Owns the target's paged KV cache and capture buffer, and turns the engine's requests
+(prefill one prompt; verify every slot's tree) into model forwards with the right attention
+metadata. It knows nothing about drafting or acceptance.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import SpecConfig
+from ..models.capture import CaptureBuffer, capture_max_tokens
+from ..types import TreeMeta
+from .batch import prefill_batch, tree_batch
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    """Runs prefill and tree-verify forwards of one target over its own paged KV cache.
+
+    Args:
+        target: a `specdec.models.Target`.
+        config: capacities (slots, max_seq_len, KV blocks).
+        capture_layers: target layer outputs to capture; () allocates no capture buffer.
+        num_tree_slots: N, the tree width of every verify forward.
+    """
+
+    def __init__(self, target, config: SpecConfig, capture_layers: tuple[int, ...], num_tree_slots: int):
+        self.model = target.model
+        self.info = target.info
+        self.config = config
+        self.num_tree_slots = num_tree_slots
+        self.cache = self.model.make_cache(config)
+        p = next(self.model.parameters())
+        self.capture = (
+            CaptureBuffer(capture_layers, self.info.hidden_size, capture_max_tokens(config), device=p.device, dtype=p.dtype)
+            if capture_layers
+            else None
+        )
+
+    def reserve(self, slot: int, num_tokens: int) -> None:
+        self.cache.reserve(slot, num_tokens)
+
+    def free(self, slot: int) -> None:
+        self.cache.free(slot)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """prompt: [L] int64 -> (logits of the last token [V] float32, captured [L, d*n_capture] or None)."""
+        L = prompt.shape[0]
+        dev = prompt.device
+        batch = prefill_batch(
+            self.cache,
+            torch.tensor([slot], device=dev),
+            torch.zeros(1, dtype=torch.int64, device=dev),
+            torch.tensor([L], device=dev),
+            L,
+        )
+        out = self.model(
+            prompt[None],
+            batch.positions,
+            self.cache,
+            batch,
+            capture=self.capture,
+            logits_index=torch.tensor([[L - 1]], device=dev),
+        )
+        hidden = self.capture.rows(L).clone() if self.capture is not None else None  # [L, d*nc]
+        return out.logits[0, 0], hidden
+
+    @torch.inference_mode()
+    def verify(
+        self, tokens: torch.Tensor, tree: TreeMeta, committed_len: torch.Tensor, num_nodes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """tokens [B, N] -> (logits [B, N, V] float32, captured [B, N, d*n_capture] or None)."""
+        batch = tree_batch(self.cache, committed_len, tree, num_nodes)
+        out = self.model(tokens, batch.positions, self.cache, batch, capture=self.capture)
+        hidden = None
+        if self.capture is not None:
+            rows = self.capture.row_index(num_nodes, tokens.shape[1])  # [B, N]; padding -> sink row
+            hidden = self.capture._storage[rows]  # [B, N, d*nc]
+        return out.logits, hidden
