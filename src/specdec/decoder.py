@@ -58,7 +58,14 @@ class SpecDecoder:
         info = dataclasses.replace(target.info, model=target.model)
         self.strategies = resolve(config, info, pm)
         device = next(target.model.parameters()).device
-        runner = ModelRunner(target, config, self.strategies.capture_layers, self.strategies.drafter.num_tree_slots)
+        drafter = self.strategies.drafter
+        runner = ModelRunner(
+            target,
+            config,
+            self.strategies.capture_layers,
+            drafter.num_tree_slots,
+            keep_last_hidden=bool(getattr(drafter, "needs_last_hidden", False)),
+        )
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
         self.engine = SpecEngine(config, runner, self.strategies, device=device, generator=gen)

@@ -65,6 +65,9 @@ class Drafter(Protocol):
     samples_drafts:      the drafts were sampled (so `DraftTree.draft_probs` is set), as
                          `verifier="speculative"` requires.
     num_tree_slots:      N, the tree capacity this drafter proposes (1 = root only).
+    needs_last_hidden:   (optional, default False) the drafter reads the target's last hidden
+                         state (after the final norm) instead of captured layers, as MTP heads
+                         do; `DraftInput.hidden` / `prefill(hidden=)` then carry it, [.., d].
     """
 
     needs_hidden_states: bool

@@ -25,9 +25,22 @@ class ModelRunner:
         config: capacities (slots, max_seq_len, KV blocks).
         capture_layers: target layer outputs to capture; () allocates no capture buffer.
         num_tree_slots: N, the tree width of every verify forward.
+        keep_last_hidden: return the last hidden state (after the final norm) as the drafter's
+            state when no layer is captured (MTP-style drafters).
     """
 
-    def __init__(self, target, config: SpecConfig, capture_layers: tuple[int, ...], num_tree_slots: int):
+    def __init__(
+        self,
+        target,
+        config: SpecConfig,
+        capture_layers: tuple[int, ...],
+        num_tree_slots: int,
+        *,
+        keep_last_hidden: bool = False,
+    ):
+        if capture_layers and keep_last_hidden:
+            raise ValueError("a drafter reads either captured layers or the last hidden state, not both")
+        self.keep_last_hidden = keep_last_hidden
         self.model = target.model
         self.info = target.info
         self.config = config
@@ -66,7 +79,11 @@ class ModelRunner:
             capture=self.capture,
             logits_index=torch.tensor([[L - 1]], device=dev),
         )
-        hidden = self.capture.rows(L).clone() if self.capture is not None else None  # [L, d*nc]
+        hidden = None
+        if self.capture is not None:
+            hidden = self.capture.rows(L).clone()  # [L, d*nc]
+        elif self.keep_last_hidden:
+            hidden = out.last_hidden[0]  # [L, d]
         return out.logits[0, 0], hidden
 
     @torch.inference_mode()
@@ -80,4 +97,6 @@ class ModelRunner:
         if self.capture is not None:
             rows = self.capture.row_index(num_nodes, tokens.shape[1])  # [B, N]; padding -> sink row
             hidden = self.capture._storage[rows]  # [B, N, d*nc]
+        elif self.keep_last_hidden:
+            hidden = out.last_hidden  # [B, N, d]
         return out.logits, hidden
