@@ -1,0 +1,202 @@
+"""The compact decoder for Llama 2/3/3.1, Mistral, Qwen2/2.5 and Qwen3 over the paged KV cache.
+
+Owns the layer math (RMSNorm, fused QKV with optional bias, per-head q/k RMSNorm, RoPE,
+GQA attention through `specdec.runtime.attention`, fused gate/up SiLU MLP), hidden-state
+capture calls and the logits head. It never allocates or frees cache blocks and never
+reads checkpoints (see `loader.py`). The forward is shape-static: no `.item()`, no Python
+branching on tensor values; per-layer choices (window, capture) are static config.
+Parameter names follow HF (`layers.{i}.self_attn...`), with q/k/v fused into `qkv_proj`
+and gate/up fused into `gate_up_proj`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..runtime.attention import AttentionBatch, attention
+from ..runtime.kv_cache import PagedKVCache
+from .capture import CaptureBuffer
+from .config import ModelConfig
+from .rope import Rotary, apply_rotary
+
+__all__ = ["DecoderLM", "ModelOutput", "RMSNorm"]
+
+
+@dataclass
+class ModelOutput:
+    """logits: [B, T, V] float32 (or [B, M, V] rows picked by logits_index);
+    last_hidden: [B, T, d] after the final norm (what MTP-style drafters read)."""
+
+    logits: torch.Tensor
+    last_hidden: torch.Tensor
+
+
+class RMSNorm(nn.Module):
+    """HF-exact RMSNorm: normalize in float32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.sliding_window = cfg.sliding_windows[layer]
+        self.scale = cfg.head_dim**-0.5
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q + 2 * kv, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x, cos, sin, cache: PagedKVCache, batch: AttentionBatch, attn_impl: str) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.qkv_proj(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q = q.view(B, T, H, hd)  # [B, T, H, hd]
+        k = k.view(B, T, Hkv, hd)  # [B, T, Hkv, hd]
+        v = v.view(B, T, Hkv, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache.write(self.layer, k, v, batch.write_index)  # new rows' K/V before attention
+        o = attention(q, cache, self.layer, batch, scale=self.scale, sliding_window=self.sliding_window, impl=attn_impl)
+        return self.o_proj(o.reshape(B, T, H * hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ffn = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split([self.ffn, self.ffn], dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, cos, sin, cache, batch, attn_impl: str) -> torch.Tensor:
+        """h: [B, T, d] -> the layer's true output (residual included) [B, T, d]."""
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, batch, attn_impl)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only LM over a `PagedKVCache`.
+
+    Attributes:
+        config: the `ModelConfig`.
+        num_kv_heads_per_layer: tuple[int, ...], Hkv of each layer.
+        head_dim: hd.
+        sliding_window_per_layer: tuple[int | None, ...].
+        attn_impl: passed to `specdec.runtime.attention` ("auto", "ref", ...).
+    """
+
+    def __init__(self, config: ModelConfig, *, attn_impl: str = "auto"):
+        super().__init__()
+        self.config = config
+        self.attn_impl = attn_impl
+        self.num_kv_heads_per_layer = (config.num_kv_heads,) * config.num_layers
+        self.head_dim = config.head_dim
+        self.sliding_window_per_layer = tuple(config.sliding_windows)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = Rotary(config.rope, config.head_dim)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the head when the config ties them (again after `to_empty`)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [B, T] int64 -> [B, T, d]."""
+        return self.embed_tokens(tokens)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PagedKVCache,
+        batch: AttentionBatch,
+        *,
+        capture: CaptureBuffer | None = None,
+        logits_index: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """One forward over B rows of T tokens (prefill, decode or tree verify).
+
+        Args:
+            tokens: [B, T] int64; padding tokens (t >= q_len) may hold any valid id.
+            positions: [B, T] int64 RoPE positions (tree node: cache_len + depth).
+            cache: written in place for every valid token (batch.write_index).
+            batch: attention metadata shared by all layers.
+            capture: if given, real rows of the captured layers' outputs are stored in it.
+            logits_index: [B, M] int64 token columns to compute logits for (None = all T).
+        Returns:
+            ModelOutput(logits [B, T or M, V] float32, last_hidden [B, T, d]).
+        """
+        h = self.embed_tokens(tokens)  # [B, T, d]
+        cos, sin = self.rotary(positions, h.dtype)  # [B, T, 1, hd]
+        rows = capture.row_index(batch.q_len, tokens.shape[1]) if capture is not None else None  # [B, T]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, cache, batch, self.attn_impl)
+            if capture is not None and i in capture.column:
+                capture.write(i, h, rows)
+        last_hidden = self.norm(h)  # [B, T, d]
+        picked = last_hidden
+        if logits_index is not None:
+            idx = logits_index[..., None].expand(-1, -1, last_hidden.shape[-1])  # [B, M, d]
+            picked = torch.gather(last_hidden, 1, idx)
+        logits = self.lm_head(picked).float()  # [B, T or M, V] float32
+        return ModelOutput(logits=logits, last_hidden=last_hidden)
+
+    def make_cache(self, config, device=None, dtype=None) -> PagedKVCache:
+        """A paged cache sized by a `SpecConfig` (B slots, max_seq_len, block size, pool)."""
+        p = next(self.parameters())
+        return PagedKVCache(
+            self.config.num_layers,
+            self.num_kv_heads_per_layer,
+            self.head_dim,
+            max_batch_size=config.max_batch_size,
+            max_seq_len=config.max_seq_len,
+            block_size=config.kv_block_size,
+            num_blocks=config.total_kv_blocks,
+            device=p.device if device is None else device,
+            dtype=p.dtype if dtype is None else dtype,
+        )
+
+    def make_capture(self, config, *, device=None, dtype=None, max_num_tokens=None) -> CaptureBuffer | None:
+        """The capture buffer for `config.layers_to_capture`, or None for an empty layer set."""
+        p = next(self.parameters())
+        return CaptureBuffer.for_config(
+            config,
+            self.config.num_layers,
+            self.config.hidden_size,
+            device=p.device if device is None else device,
+            dtype=p.dtype if dtype is None else dtype,
+            max_num_tokens=max_num_tokens,
+        )

@@ -1,0 +1,80 @@
+"""SmolLM2-135M-Instruct from its GGUF: converted once, greedy continuation == transformers' generate."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from _tiny_models import run_decode, run_prefill, spec_config
+
+from specdec.models import convert_gguf, load_target, smollm2_gguf_path
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain why the sky is blue in two sentences.",
+]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """The converted folder: reuses $SPECDEC_CACHE when set, else converts once per test session."""
+    gguf = smollm2_gguf_path()
+    root = None if os.environ.get("SPECDEC_CACHE") else tmp_path_factory.mktemp("specdec_cache")
+    folder = convert_gguf(gguf, root=root)
+    return gguf, folder
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tokenizer(chat, add_special_tokens=False)["input_ids"]
+
+
+def test_gguf_converts_once_to_a_cached_hf_folder(smollm2):
+    gguf, folder = smollm2
+    assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    assert convert_gguf(gguf, root=folder.parent.parent) == folder  # cache hit: not rewritten
+    assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_smollm2_greedy_continuation_equals_transformers_generate(smollm2, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    gguf, folder = smollm2
+    monkeypatch.setenv("SPECDEC_CACHE", str(folder.parent.parent))  # load_target(gguf) hits this cache
+    target = load_target(gguf, attn_impl="ref")
+    assert target.info.num_layers == 30 and target.info.model_type == "llama"
+    assert 2 in target.info.eos_token_ids  # <|im_end|>
+    tok = target.tokenizer
+    assert tok is not None and tok.chat_template
+    prompts = [_chat_ids(tok, p) for p in PROMPTS]
+    assert tok.decode(prompts[0]).startswith("<|im_start|>")
+
+    # Ours: batched prefill of the three prompts, then batched greedy decode through the paged cache.
+    model = target.model
+    cache = model.make_cache(spec_config(max_seq_len=max(map(len, prompts)) + NEW_TOKENS + 1, block_size=16))
+    out, q_len = run_prefill(model, cache, prompts, slots=[0, 1, 2])
+    nxt = out.logits[torch.arange(3), q_len - 1].argmax(-1)  # [3]
+    ours = [nxt]
+    cache_len, active = q_len.clone(), torch.ones(3, dtype=torch.bool)
+    for _ in range(NEW_TOKENS - 1):
+        nxt = run_decode(model, cache, nxt, cache_len, active).logits[:, 0].argmax(-1)
+        ours.append(nxt)
+        cache_len += 1
+    ours = torch.stack(ours, 1).tolist()  # [3, NEW_TOKENS]
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
+    for b, ids in enumerate(prompts):
+        with torch.no_grad():
+            # An explicit mask: the prompt holds <|im_end|>, which is also the pad id, and generate
+            # would otherwise mask those prompt tokens out.
+            x = torch.tensor([ids])
+            gen = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS, do_sample=False,
+                              eos_token_id=None, pad_token_id=tok.pad_token_id)
+        ref = gen[0, len(ids):].tolist()
+        assert ours[b] == ref, f"prompt {b}: ours {tok.decode(ours[b])!r} != transformers {tok.decode(ref)!r}"
+    assert "Paris" in tok.decode(ours[0])
