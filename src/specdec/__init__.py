@@ -6,6 +6,7 @@ Public API: configs (`SpecConfig`, `SamplingParams`), the plugin system
 
 from .config import ConfigError, SamplingParams, SpecConfig, resolve_capture_layers
 from .hookspecs import hookimpl
+from .models import load_target
 from .registry import get_plugin_manager, resolve
 from .types import Acceptance, DraftTree, SamplingTensors, TreeMeta
 
@@ -21,6 +22,7 @@ __all__ = [
     "TreeMeta",
     "get_plugin_manager",
     "hookimpl",
+    "load_target",
     "resolve",
     "resolve_capture_layers",
 ]
