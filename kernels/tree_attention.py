@@ -1,0 +1,315 @@
+"""Paged attention as one Triton kernel: prefill (causal), decode and tree verification.
+
+Owns the kernel that reads K/V straight from `PagedKVCache` through the block tables
+(no gathered copy), its split-KV combine kernel, and `paged_attention` (the entry point
+behind `runtime.attention(..., impl="triton")`). The specification is
+`specdec.runtime.attention.attention_ref`, with the same arguments; the visibility rule is
+written down there and is not repeated here.
+
+Work split: one program per (row b, KV head, tile of BLOCK_M query rows, key split). The
+query rows of a tile are (t, g) pairs, t = query row, g = head in the GQA group of that KV
+head, so the G query heads sharing a KV head read each K/V tile once. Long contexts with
+few programs (bs 1) are split along the keys (flash-decoding); each split writes a partial
+output and its log-sum-exp, and a second kernel combines them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    from torch.library import triton_op, wrap_triton
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover
+    HAS_TRITON = False
+
+__all__ = ["paged_attention", "paged_attention_triton"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _autotune_configs():
+    if _INTERPRET:  # the interpreter only checks semantics: one config
+        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bn, w, s in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 2))
+    ]
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _attend_tile(
+        start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+        k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    ):
+        """One key tile [start, start + BLOCK_N): scores, visibility, online-softmax update."""
+        pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
+        in_range = pos < hi
+        blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE, mask=in_range, other=-1)
+        key_ok = in_range & (blk >= 0)
+        row = blk * BLOCK_SIZE + pos % BLOCK_SIZE  # flat token row
+        kv_off = row[:, None] * skv_tok + hkv * skv_h + d[None, :]
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, HD_PAD]
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N] fp32
+
+        kk = pos - cache_len  # index of the new row at this key, < 0 for committed keys
+        is_new = kk >= 0
+        kk_safe = tl.where(is_new, kk, 0)
+        if IS_TREE:
+            word = tl.load(
+                mask_ptr + b * sm_b + t[:, None] * sm_t + (kk_safe // 32)[None, :],
+                mask=row_ok[:, None] & (is_new & key_ok)[None, :],
+                other=0,
+            )
+            related = ((word >> (kk_safe % 32).to(tl.int32)[None, :]) & 1) != 0
+        else:
+            related = kk_safe[None, :] <= t[:, None]
+        visible = row_ok[:, None] & key_ok[None, :] & ((~is_new)[None, :] | related)
+        if HAS_WINDOW:
+            new_pos = tl.load(pos_ptr + b * sp_b + kk_safe, mask=is_new & key_ok, other=0)
+            kpos = tl.where(is_new, new_pos, pos)
+            visible = visible & ((qpos[:, None] - kpos[None, :]) < window)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, l_i, acc
+
+    @triton.autotune(configs=_autotune_configs(), key=["ROWS", "HD_PAD", "IS_TREE", "NUM_SPLITS", "SPLIT_LEN"])
+    @triton.jit
+    def _paged_attention_kernel(
+        q_ptr, sq_b, sq_t, sq_h,  # q [B, T, H, hd]
+        k_ptr, v_ptr, skv_tok, skv_h,  # layer rows [num_tokens + 1, Hkv, hd]
+        bt_ptr, sbt,  # block tables [max_batch_size, blocks_per_seq]
+        slots_ptr, cache_len_ptr, q_len_ptr,  # [B] each
+        mask_ptr, sm_b, sm_t,  # packed tree mask [B, T, W] int32 (unused when not IS_TREE)
+        pos_ptr, sp_b,  # RoPE positions [B, T] (unused without a window)
+        o_ptr, so_s, so_b, so_t, so_h,  # out [B, T, H, hd], or partial [S, B, T, H, hd] fp32
+        lse_ptr, sl_s, sl_b, sl_t,  # partial log-sum-exp [S, B, T, H] fp32 (NUM_SPLITS > 1)
+        scale, window,
+        T: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+        ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    ):
+        b = tl.program_id(0) // HKV
+        hkv = tl.program_id(0) % HKV
+        tile = tl.program_id(1)
+        split = tl.program_id(2)
+
+        slot = tl.load(slots_ptr + b)
+        cache_len = tl.load(cache_len_ptr + b)
+        q_len = tl.load(q_len_ptr + b)
+
+        m = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query-head rows
+        t = m // G
+        h = hkv * G + m % G
+        row_ok = (m < ROWS) & (t < q_len)
+        d = tl.arange(0, HD_PAD)
+        d_ok = d < HD
+        q = tl.load(
+            q_ptr + b * sq_b + t[:, None] * sq_t + h[:, None] * sq_h + d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_M, HD_PAD]
+        if INTERPRET:  # the interpreter's 16-bit tl.dot is wrong (numpy has no bfloat16): dot in fp32
+            q = q.to(tl.float32)
+
+        lo = split * SPLIT_LEN
+        hi = tl.minimum(lo + SPLIT_LEN, cache_len + q_len)
+        t_last = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, T - 1)
+        if not IS_TREE:  # causal: keys past the tile's last row are invisible to all its rows
+            hi = tl.minimum(hi, cache_len + t_last + 1)
+        qpos = t  # placeholder when there is no window
+        if HAS_WINDOW:
+            qpos = tl.load(pos_ptr + b * sp_b + t, mask=row_ok, other=0)
+            # committed keys older than every row's window are invisible to the whole tile
+            qpos_min = tl.min(tl.where(row_ok, qpos, 1 << 62), axis=0)
+            lo = tl.maximum(lo, tl.minimum(qpos_min - window + 1, cache_len))
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
+        if INTERPRET:  # the interpreter cannot take tensor bounds in range() (numpy 2); same body
+            start = lo
+            while start < hi:
+                m_i, l_i, acc = _attend_tile(
+                    start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                    k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
+                    BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
+                )
+                start += BLOCK_N
+        else:
+            for start in range(lo, hi, BLOCK_N):
+                m_i, l_i, acc = _attend_tile(
+                    start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                    k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
+                    BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
+                )
+
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows that saw nothing stay 0
+        o_off = split * so_s + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :]
+        store_mask = (m < ROWS)[:, None] & d_ok[None, :]
+        tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=store_mask)
+        if NUM_SPLITS > 1:
+            lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+            tl.store(lse_ptr + split * sl_s + b * sl_b + t * sl_t + h, lse, mask=m < ROWS)
+
+    @triton.jit
+    def _combine_kernel(
+        part_ptr, sp_s, lse_ptr, sl_s, o_ptr,  # part [S, R, hd] fp32, lse [S, R] fp32, out [R, hd]
+        HD: tl.constexpr, HD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    ):
+        r = tl.program_id(0)
+        s = tl.arange(0, SPLITS_PAD)
+        d = tl.arange(0, HD_PAD)
+        s_ok = s < NUM_SPLITS
+        lse = tl.load(lse_ptr + s * sl_s + r, mask=s_ok, other=float("-inf"))  # [S]
+        top = tl.max(lse, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.exp(lse - top)  # 0 for splits that saw nothing
+        part = tl.load(part_ptr + s[:, None] * sp_s + r * HD + d[None, :], mask=s_ok[:, None] & (d < HD)[None, :], other=0.0)
+        total = tl.sum(w, axis=0)
+        out = tl.sum(part * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(o_ptr + r * HD + d, out.to(o_ptr.dtype.element_ty), mask=d < HD)
+
+    @triton_op("specdec::paged_attention", mutates_args={})
+    def paged_attention_triton(
+        q: torch.Tensor,  # [B, T, H, hd]
+        k_rows: torch.Tensor,  # [num_tokens + 1, Hkv, hd]
+        v_rows: torch.Tensor,
+        block_tables: torch.Tensor,  # [max_batch_size, blocks_per_seq] int64
+        slots: torch.Tensor,  # [B] int64
+        cache_len: torch.Tensor,  # [B] int64
+        q_len: torch.Tensor,  # [B] int64
+        tree_mask: torch.Tensor | None,  # [B, T, W] int32 or None (causal)
+        positions: torch.Tensor | None,  # [B, T] int64, needed with a window
+        block_size: int,
+        max_kv_len: int,
+        scale: float,
+        window: int,  # <= 0: no window
+        num_splits: int,
+    ) -> torch.Tensor:
+        """Attention of `q` over the paged layer `k_rows`/`v_rows`; returns [B, T, H, hd]."""
+        B, T, H, hd = q.shape
+        hkv = k_rows.shape[1]
+        group = H // hkv
+        rows = T * group
+        block_m = _block_m(rows)
+        hd_pad = max(16, triton.next_power_of_2(hd))
+        split_len = triton.cdiv(triton.cdiv(max_kv_len, num_splits), 128) * 128
+        num_splits = triton.cdiv(max_kv_len, split_len)
+        is_tree = tree_mask is not None
+        has_window = window > 0
+        mask_arg = tree_mask if is_tree else cache_len
+        pos_arg = positions if has_window else cache_len
+        out = torch.empty((B, T, H, hd), device=q.device, dtype=q.dtype)
+        if num_splits > 1:
+            part = torch.empty((num_splits, B, T, H, hd), device=q.device, dtype=torch.float32)
+            lse = torch.empty((num_splits, B, T, H), device=q.device, dtype=torch.float32)
+            o_arg, o_strides = part, part.stride()[:4]
+            l_arg, l_strides = lse, lse.stride()[:3]
+        else:
+            o_arg, o_strides = out, (0,) + out.stride()[:3]
+            l_arg, l_strides = cache_len, (0, 0, 0)
+        precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        grid = (B * hkv, triton.cdiv(rows, block_m), num_splits)
+        wrap_triton(_paged_attention_kernel)[grid](
+            q, q.stride(0), q.stride(1), q.stride(2),
+            k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
+            block_tables, block_tables.stride(0),
+            slots, cache_len, q_len,
+            mask_arg, tree_mask.stride(0) if is_tree else 0, tree_mask.stride(1) if is_tree else 0,
+            pos_arg, positions.stride(0) if has_window else 0,
+            o_arg, *o_strides,
+            l_arg, *l_strides,
+            scale, window,
+            T=T, HKV=hkv, G=group, HD=hd, HD_PAD=hd_pad, ROWS=rows, BLOCK_SIZE=block_size,
+            BLOCK_M=block_m, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, IS_TREE=is_tree,
+            HAS_WINDOW=has_window, PRECISION=precision, INTERPRET=_INTERPRET,
+        )
+        if num_splits > 1:
+            wrap_triton(_combine_kernel)[(B * T * H,)](
+                part, part.stride(0), lse, lse.stride(0), out,
+                HD=hd, HD_PAD=hd_pad, NUM_SPLITS=num_splits, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+            )
+        return out
+
+
+def _block_m(rows: int) -> int:
+    """Query-head rows per program: 16..64, a power of two."""
+    return min(64, max(16, 1 << max(0, rows - 1).bit_length()))
+
+
+def _num_programs_target(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_kv_len: int, device: torch.device) -> int:
+    """Key splits so that the grid fills the GPU: >= 1, each split >= 256 keys, at most 16."""
+    programs = batch * kv_heads * q_tiles
+    want = -(-_num_programs_target(device) // programs)
+    return max(1, min(want, max_kv_len // 256, 16))
+
+
+def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None):
+    """`runtime.attention(..., impl="triton")`: see `attention_ref` for the arguments.
+
+    `num_splits` forces the number of key splits (tests); None picks it from the grid size.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("impl='triton' needs the triton package; use impl='ref'")
+    out_dtype = q.dtype
+    if q.dtype != cache.dtype:  # the kernel's dot takes one dtype: compute in the cache's
+        q = q.to(cache.dtype)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    B, T, H, _ = q.shape
+    hkv = cache.num_kv_heads[layer]
+    if num_splits is None:
+        rows = T * (H // hkv)
+        q_tiles = -(-rows // _block_m(rows))
+        num_splits = choose_num_splits(B, hkv, q_tiles, batch.max_kv_len, q.device)
+    positions = None
+    if sliding_window is not None:
+        from specdec.runtime.attention import query_positions
+
+        positions = query_positions(batch)
+    out = paged_attention_triton(
+        q,
+        cache.k_rows(layer),
+        cache.v_rows(layer),
+        cache.block_tables,
+        batch.slots,
+        batch.cache_len,
+        batch.q_len,
+        batch.tree_mask,
+        positions,
+        cache.block_size,
+        batch.max_kv_len,
+        float(scale),
+        int(sliding_window or 0),
+        int(num_splits),
+    )
+    return out if out.dtype == out_dtype else out.to(out_dtype)
