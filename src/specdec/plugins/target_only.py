@@ -1,15 +1,46 @@
-"""verifier="target-only" (placeholder until issue 3 lands; the helper writing issue 3 replaces this file)."""
+"""verifier="target-only": tree rejection sampling that needs only the target's probabilities.
+
+Exact for distinct children fixed before the draws (top-K drafts); never reads the draft's
+probabilities. Probabilities come from `sampling_probs` (temperature -> top-k -> top-p ->
+min-p per row), so acceptance, residual and bonus all see the same filtered target; greedy
+rows reduce to the greedy walk. The walk is `specdec.ops.verify_target_only`.
+"""
+
+from __future__ import annotations
+
+import torch
 
 from specdec.hookspecs import hookimpl
+from specdec.ops import probs_for, verify_target_only
+from specdec.types import Acceptance, TreeMeta
+
+NAME = "target-only"
+
+
+class TargetOnlyVerifier:
+    lossless = True  # emitted tokens follow the target distribution
+    needs_draft_probs = False
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,  # [B, N] int64
+        tree: TreeMeta,
+        target_logits: torch.Tensor,  # [B, N, V]
+        sampling=None,  # SamplingTensors with [B] rows; None = all greedy
+        *,
+        draft_probs: torch.Tensor | None = None,  # ignored
+        generator: torch.Generator | None = None,
+        uniforms: torch.Tensor | None = None,  # [B, N, 2]
+    ) -> Acceptance:
+        probs = probs_for(target_logits, sampling)  # [B, N, V] float32
+        return verify_target_only(tokens, tree, probs, generator=generator, uniforms=uniforms)
 
 
 @hookimpl
 def specdec_strategy_names():
-    return {"verifier": ["target-only"]}
+    return {"verifier": [NAME]}
 
 
 @hookimpl
 def specdec_verify(config):
-    if config.verifier == "target-only":
-        raise NotImplementedError("verifier='target-only' waits for issue 3 (tree ops)")
-    return None
+    return TargetOnlyVerifier() if config.verifier == NAME else None
