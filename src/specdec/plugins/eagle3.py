@@ -1,15 +1,136 @@
-"""drafter="eagle3" (placeholder until issue 5 lands; the helper writing issue 5 replaces this file)."""
+"""drafter="eagle3": EAGLE-3 drafting, as a linear chain (tree="linear") or an EAGLE-2 dynamic
+tree (tree="dynamic", top-`topk` expansion, `max_total_draft_tokens` kept by global rerank).
 
+Options, in ``SpecConfig.plugin_options["eagle3"]`` (a dict):
+
+- ``"checkpoint"``: path of an EAGLE-3 head (official SafeAILab/SpecForge layout or vLLM
+  speculators; see `specdec.drafters.eagle3_checkpoint`), loaded strictly and checked
+  against the target; or an already built `Eagle3Model` (also accepted as ``"model"``).
+- ``"device"`` / ``"dtype"``: where to run the head (default: those of the target model,
+  else cpu / float32).
+- ``"seed"``: seed of the draft-sampling generator (default 0).
+- ``"sample_drafts"``: override whether drafts are sampled (default: True exactly when
+  ``config.verifier == "speculative"``, the verifier that needs draft probabilities).
+
+Capture layers (output convention): the checkpoint's own layers when its config names them
+(converted from the speculators input convention), else ``(1, L//2 - 1, L - 4)``; an
+explicit ``config.layers_to_capture`` must agree with the checkpoint's, and ids written in
+the input convention are caught with a message naming the converter.
+
+Sampled drafts with tree="dynamic" use whole i.i.d. sibling groups (see
+`specdec.drafters.dynamic_tree.sampled_tree`), not EAGLE-2's value-based pruning, so that
+speculative sampling on the tree stays exact.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from specdec.config import ConfigError, SpecConfig
 from specdec.hookspecs import hookimpl
+
+NAME = "eagle3"
+
+
+def _options(config: SpecConfig) -> dict:
+    options = config.plugin_options.get(NAME, {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"plugin_options['eagle3'] must be a dict, got {type(options).__name__}")
+    known = {"checkpoint", "model", "device", "dtype", "seed", "sample_drafts"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"plugin_options['eagle3'] has unknown keys {unknown}; allowed: {sorted(known)}")
+    return options
+
+
+def _source(options: dict):
+    from specdec.drafters.eagle3_model import Eagle3Model
+
+    src = options.get("model", options.get("checkpoint"))
+    if src is None:
+        raise ConfigError(
+            "drafter='eagle3' needs a head: SpecDecoder.from_pretrained(target, draft=PATH, ...) or "
+            "plugin_options={'eagle3': {'checkpoint': PATH}} (a folder with config.json + weights, or an Eagle3Model)"
+        )
+    if isinstance(src, Eagle3Model):
+        return src
+    if isinstance(src, (str, Path)):
+        return Path(src).expanduser()
+    raise ConfigError(f"plugin_options['eagle3']['checkpoint'] must be a path or an Eagle3Model, got {type(src).__name__}")
+
+
+def _checkpoint_layers(src) -> tuple[int, ...] | None:
+    from specdec.drafters.capture_conventions import checkpoint_capture_layers
+
+    if isinstance(src, Path):
+        cfg_file = src / "config.json"
+        if not cfg_file.exists():
+            raise ConfigError(f"draft checkpoint {src} has no config.json")
+        return checkpoint_capture_layers(json.loads(cfg_file.read_text()), source=str(cfg_file))
+    return src.config.capture_layers
 
 
 @hookimpl
 def specdec_strategy_names():
-    return {"drafter": ["eagle3"]}
+    return {"drafter": [NAME]}
 
 
 @hookimpl
-def specdec_draft(config, target):
-    if config.drafter == "eagle3":
-        raise NotImplementedError("drafter='eagle3' waits for issue 5 (EAGLE-3 end to end)")
-    return None
+def specdec_capture_layers(config: SpecConfig, target):
+    if config.drafter != NAME:
+        return None
+    from specdec.drafters.capture_conventions import check_capture_layers
+
+    return check_capture_layers(config.layers_to_capture, _checkpoint_layers(_source(_options(config))), target.num_layers)
+
+
+def _device_dtype(options: dict, target) -> tuple[torch.device, torch.dtype]:
+    model = getattr(target, "model", None)
+    param = next(model.parameters(), None) if model is not None else None
+    device = options.get("device", param.device if param is not None else "cpu")
+    dtype = options.get("dtype", param.dtype if param is not None else torch.float32)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"plugin_options['eagle3']['dtype']={options['dtype']!r} is not a torch dtype")
+    return torch.device(device), dtype
+
+
+@hookimpl
+def specdec_draft(config: SpecConfig, target):
+    if config.drafter != NAME:
+        return None
+    from specdec.drafters.eagle3_checkpoint import check_against_target, load_eagle3
+    from specdec.drafters.eagle3_drafter import Eagle3Drafter
+
+    options = _options(config)
+    src = _source(options)
+    device, dtype = _device_dtype(options, target)
+    if isinstance(src, Path):
+        model = load_eagle3(src, device=device, dtype=dtype)
+    else:
+        model = src.to(device=device, dtype=dtype)
+    layers = check_against_target(model.config, target, source=str(src) if isinstance(src, Path) else "Eagle3Model")
+    if config.layers_to_capture is not None:
+        from specdec.drafters.capture_conventions import check_capture_layers
+
+        check_capture_layers(config.layers_to_capture, model.config.capture_layers, target.num_layers)
+    if len(config.layers_to_capture or layers) != model.config.num_capture:
+        raise ConfigError(
+            f"capture layers {config.layers_to_capture or layers} give {len(config.layers_to_capture or layers)} "
+            f"states but the head's fc reads num_capture={model.config.num_capture}"
+        )
+    target_model = getattr(target, "model", None)
+    embed = None
+    if model.embed_tokens is None:
+        if target_model is None or not hasattr(target_model, "embed"):
+            raise ConfigError(
+                "the EAGLE-3 head shares the target's embeddings: resolve with a TargetInfo that carries the "
+                "loaded target (TargetInfo.model)"
+            )
+        embed = target_model.embed
+    samples = options.get("sample_drafts", config.verifier == "speculative")
+    return Eagle3Drafter(model, config, embed=embed, samples_drafts=bool(samples), seed=int(options.get("seed", 0)))

@@ -1,0 +1,269 @@
+"""The EAGLE-3 draft head as an `nn.Module`, and its frozen config.
+
+Owns the head's math: ``fc`` over the captured target states (first draft step only, by an
+explicit flag), one decoder layer whose QKV reads ``[input_layernorm(embed); hidden_norm(x)]``
+(2d wide) while the residual carries only the hidden path, ``norm``, and ``lm_head`` over the
+draft vocabulary with ``d2t`` (target id = draft id + d2t[draft id]). Parameter names are
+the official SafeAILab / SpecForge ones, so ``state_dict()`` *is* the official layout.
+
+It knows nothing of KV caches or checkpoints: attention is a callback (``attend(q, k, v)``)
+that the drafter supplies, and files are read by `eagle3_checkpoint.py`. Embeddings are the
+target's (passed in as ``embeds``) unless the checkpoint carries its own ``embed_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.models.config import RopeConfig
+from specdec.models.llama import RMSNorm
+from specdec.models.rope import Rotary, apply_rotary
+
+__all__ = ["Eagle3Config", "Eagle3Model", "Eagle3ShapeError", "random_vocab_map"]
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Eagle3ShapeError(ValueError):
+    """A tensor handed to the head does not have the width the head was built for."""
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """Shape and options of one EAGLE-3 head. d = hidden_size, d_t = target_hidden_size.
+
+    capture_layers are target layer *output* indices (specdec's convention, see
+    `capture_conventions`), or None when the checkpoint does not say (the default
+    (1, L//2-1, L-4) is then used).
+    """
+
+    hidden_size: int  # d
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # V: the target vocabulary (t2d length, embedding rows)
+    draft_vocab_size: int  # Vd: lm_head rows
+    target_hidden_size: int  # d_t: width of one captured state
+    num_capture: int = 3  # captured layers concatenated into fc's input
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    max_position_embeddings: int = 2048
+    capture_layers: tuple[int, ...] | None = None  # output convention
+    fc_bias: bool = False  # fc.bias present (early speculators heads)
+    fc_norm: bool = False  # SpecForge: one RMSNorm(d_t) per captured chunk before fc
+    norm_before_fc: bool = False  # speculators: one RMSNorm(n * d_t) over the concatenation
+    norm_before_residual: bool = False  # speculators: residual = hidden_norm(x) instead of x
+    attention_bias: bool = False
+    has_embed_tokens: bool = False  # the checkpoint carries its own embedding
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "draft_vocab_size", "target_hidden_size", "num_capture",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Eagle3Config.{name}={value!r} must be an int >= 1")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} exceeds the target vocab_size={self.vocab_size}"
+            )
+        if self.capture_layers is not None:
+            layers = tuple(self.capture_layers)
+            if len(layers) != self.num_capture:
+                raise ValueError(
+                    f"capture_layers={layers} has {len(layers)} entries but fc reads num_capture={self.num_capture} "
+                    "captured states"
+                )
+            object.__setattr__(self, "capture_layers", tuple(sorted(layers)))
+
+    @property
+    def fc_in_features(self) -> int:
+        return self.num_capture * self.target_hidden_size
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        d, H, Hkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = H, Hkv, hd
+        self.q_proj = nn.Linear(2 * d, H * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(2 * d, Hkv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(2 * d, Hkv * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(H * hd, d, bias=cfg.attention_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """x: [B, T, 2d] -> [B, T, d]; `attend` stores K/V and attends."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, hd]
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, hd]
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = attend(q, k, v)  # [B, T, H, hd]
+        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3Layer(nn.Module):
+    """The single draft decoder layer (official name: ``midlayer``)."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # embedding path
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # hidden path
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = Eagle3MLP(cfg)
+
+    def forward(self, embeds, hidden, cos, sin, attend: Attend) -> torch.Tensor:
+        """embeds, hidden: [B, T, d] -> the layer output [B, T, d] (fed to the next draft step)."""
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2d]
+        h = residual + self.self_attn(x, cos, sin, attend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Model(nn.Module):
+    """EAGLE-3 head. ``state_dict()`` keys are the official layout (see `eagle3_checkpoint`).
+
+    Buffers: ``d2t`` [Vd] int64 (target id = draft id + d2t[draft id]),
+    ``t2d`` [V] bool (target id is in the draft vocabulary).
+    """
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        cfg = self.config = config
+        d = cfg.hidden_size
+        self.fc = nn.Linear(cfg.fc_in_features, d, bias=cfg.fc_bias)
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_capture))
+            if cfg.fc_norm
+            else None
+        )
+        self.input_norm = RMSNorm(cfg.fc_in_features, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(d, cfg.draft_vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, d) if cfg.has_embed_tokens else None
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))  # [Vd]
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))  # [V]
+        self.rotary = Rotary(cfg.rope, cfg.head_dim)
+
+    # ------------------------------------------------------------------ pieces
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (any shape, int64)."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def target_ids(self) -> torch.Tensor:
+        """[Vd] int64: the target id of every draft id."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def fuse(self, captured: torch.Tensor) -> torch.Tensor:
+        """First draft step: captured target states [..., n * d_t] (ascending layers) -> [..., d]."""
+        if captured.shape[-1] != self.config.fc_in_features:
+            raise Eagle3ShapeError(
+                f"first draft step got captured states of width {captured.shape[-1]}; fc expects "
+                f"num_capture * target_hidden_size = {self.config.num_capture} * {self.config.target_hidden_size} = "
+                f"{self.config.fc_in_features} (is the capture layer set right?)"
+            )
+        if self.fc_norm is not None:
+            chunks = captured.split(self.config.target_hidden_size, dim=-1)
+            captured = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        if self.input_norm is not None:
+            captured = self.input_norm(captured)
+        return self.fc(captured)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-layer output [..., d] -> draft-vocabulary logits [..., Vd] float32 (float64 for a float64 head)."""
+        logits = self.lm_head(self.norm(hidden))
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Attend,
+        *,
+        first_step: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft forward.
+
+        Args:
+            embeds: [B, T, d] target embeddings of the input tokens (the token at p + 1).
+            hidden: [B, T, n * d_t] captured target states when `first_step`, else [B, T, d]
+                draft-layer outputs of the parent rows.
+            positions: [B, T] int64 RoPE positions (p: the position of the hidden state).
+            attend: ``(q [B,T,H,hd], k [B,T,Hkv,hd], v [B,T,Hkv,hd]) -> [B,T,H,hd]``; it stores
+                the new K/V and attends over the draft cache.
+            first_step: apply fc to `hidden` (an explicit flag; never inferred from widths).
+        Returns:
+            (next_hidden [B, T, d], logits [B, T, Vd] float32).
+        """
+        d = self.config.hidden_size
+        if first_step:
+            hidden = self.fuse(hidden)
+        elif hidden.shape[-1] != d:
+            raise Eagle3ShapeError(
+                f"later draft steps take the draft layer's own output of width d={d}, got {hidden.shape[-1]}"
+            )
+        if embeds.shape[-1] != d:
+            raise Eagle3ShapeError(f"embeddings have width {embeds.shape[-1]}; the head's hidden size is {d}")
+        cos, sin = self.rotary(positions, hidden.dtype)  # [B, T, 1, hd]
+        out = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attend)  # [B, T, d]
+        return out, self.logits(out)
+
+
+def random_vocab_map(vocab_size: int, draft_vocab_size: int, generator: torch.Generator | None = None):
+    """A valid (d2t, t2d) pair like SpecForge builds: Vd distinct target ids, ascending.
+
+    Returns:
+        d2t: [Vd] int64 with target = draft + d2t[draft]; t2d: [V] bool.
+    """
+    if draft_vocab_size == vocab_size:
+        used = torch.arange(vocab_size)
+    else:
+        used = torch.randperm(vocab_size, generator=generator)[:draft_vocab_size].sort().values
+    d2t = used - torch.arange(draft_vocab_size)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    return d2t, t2d
+
+
+def init_random_(model: Eagle3Model, generator: torch.Generator | None = None, std: float = 0.02) -> Eagle3Model:
+    """Random weights (normal(0, std) linears, unit norms) and a random vocab map; in place."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or ".fc_norm." in f".{name}" or name.startswith("fc_norm"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * std)
+        d2t, t2d = random_vocab_map(model.config.vocab_size, model.config.draft_vocab_size, generator)
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+    return model

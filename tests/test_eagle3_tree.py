@@ -1,0 +1,162 @@
+"""Draft-tree growth: EAGLE-2 expansion equals a plain-Python reference; sampled trees keep whole groups.
+
+The draft model is replaced by a table oracle: the draft log-distribution at a node is a fixed
+random row chosen by a hash of the node's path, so the tensor code and the reference see the
+same distributions without any model.
+"""
+
+import numpy as np
+import torch
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from specdec.drafters.dynamic_tree import eagle2_tree, group_sizes, history_size, sampled_tree, stable_topk
+
+P, ROWS = 1_000_003, 61
+
+
+def _hash(h, tok):
+    return (h * 31 + tok + 1) % P
+
+
+class Oracle:
+    """logq(path) = table[hash(path) % ROWS]; the same for tensors and for Python lists."""
+
+    def __init__(self, vocab: int, seed: int, integer: bool = False):
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(ROWS, vocab, generator=gen) * 3
+        if integer:  # many exact ties
+            logits = logits.round().clamp(-2, 2)
+        self.table = torch.log_softmax(logits, -1).clamp(max=0.0)  # [ROWS, V] float32
+
+    def root(self, B):
+        return self.table[torch.arange(B) % ROWS]  # root of row b has hash b
+
+    def tensor_step(self, B):
+        """A `step` callback tracking path hashes of the frontier rows."""
+        state = {"h": torch.arange(B)[:, None]}  # [B, F_prev]
+
+        def step(tokens, parent_slot):
+            h = _hash(torch.gather(state["h"], 1, parent_slot), tokens)
+            state["h"] = h
+            return self.table[h % ROWS]  # [B, F, V]
+
+        return step
+
+    def row(self, h):
+        return self.table[h % ROWS].numpy()
+
+
+def naive_eagle2(oracle: Oracle, b: int, K: int, D: int, budget: int):
+    """EAGLE-2 on Python lists for batch row b: returns (tokens, parents) of nodes 1..budget."""
+    f32 = np.float32
+    nodes = []  # dicts: tok, score, parent (history index or -1), h
+
+    def top(lq):
+        return sorted(range(len(lq)), key=lambda v: (-lq[v], v))[:K]
+
+    lq = oracle.row(b)
+    for tok in top(lq):
+        nodes.append(dict(tok=tok, score=f32(lq[tok]), parent=-1, h=_hash(b, tok)))
+    frontier = list(range(K))
+    for t in range(2, D + 1):
+        start = len(nodes)
+        for f in frontier:
+            node = nodes[f]
+            lq = oracle.row(node["h"])
+            for tok in top(lq):
+                nodes.append(dict(tok=tok, score=f32(node["score"] + f32(lq[tok])), parent=f, h=_hash(node["h"], tok)))
+        cands = list(range(start, len(nodes)))
+        frontier = sorted(cands, key=lambda i: (-nodes[i]["score"], i))[:K]
+    keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i]["score"], i))[:budget])
+    tree_index = {h: i + 1 for i, h in enumerate(keep)}
+    tokens = [nodes[h]["tok"] for h in keep]
+    parents = [0 if nodes[h]["parent"] < 0 else tree_index[nodes[h]["parent"]] for h in keep]
+    return tokens, parents
+
+
+@st.composite
+def shapes(draw):
+    K = draw(st.integers(1, 4))
+    D = draw(st.integers(1, 4))
+    V = draw(st.integers(K, 24))
+    budget = draw(st.integers(1, history_size(K, D)))
+    return dict(B=draw(st.integers(1, 3)), K=K, D=D, V=V, budget=budget, seed=draw(st.integers(0, 2**16)))
+
+
+@given(shapes())
+def test_eagle2_tree_equals_the_plain_python_reference(s):
+    note(str(s))
+    oracle = Oracle(s["V"], s["seed"])
+    B = s["B"]
+    grown = eagle2_tree(oracle.root(B), oracle.tensor_step(B), topk=s["K"], depth=s["D"], budget=s["budget"])
+    for b in range(B):
+        tokens, parents = naive_eagle2(oracle, b, s["K"], s["D"], s["budget"])
+        assert grown.tokens[b].tolist() == tokens
+        assert grown.parents[b].tolist() == parents
+
+
+def assert_valid_tree(parents: torch.Tensor, depth: int):
+    """parents [B, S] (tree indices of nodes 1..S): topological, depth <= D, distinct-free check elsewhere."""
+    B, S = parents.shape
+    for b in range(B):
+        par = [-1] + parents[b].tolist()
+        for i in range(1, S + 1):
+            assert 0 <= par[i] < i, (b, i, par)
+            d, j = 0, i
+            while j > 0:
+                j, d = par[j], d + 1
+            assert d <= depth
+
+
+@given(shapes())
+def test_eagle2_trees_stay_valid_under_exact_ties(s):
+    note(str(s))
+    oracle = Oracle(s["V"], s["seed"], integer=True)
+    B = s["B"]
+    grown = eagle2_tree(oracle.root(B), oracle.tensor_step(B), topk=s["K"], depth=s["D"], budget=s["budget"])
+    assert_valid_tree(grown.parents, s["D"])
+    for b in range(B):  # siblings are distinct tokens
+        pairs = list(zip(grown.parents[b].tolist(), grown.tokens[b].tolist()))
+        assert len(set(pairs)) == len(pairs)
+
+
+def test_stable_topk_breaks_ties_by_lower_index_and_ranks_nan_last():
+    x = torch.tensor([[1.0, 3.0, 3.0, float("nan"), 2.0, 3.0]])
+    assert stable_topk(x, 4).tolist() == [[1, 2, 5, 4]]
+    assert stable_topk(x, 6).tolist()[0][-1] == 3
+
+
+@given(
+    depth=st.integers(1, 5), topk=st.integers(1, 4), B=st.integers(1, 3), V=st.integers(2, 16),
+    seed=st.integers(0, 2**16), data=st.data(),
+)
+def test_sampled_trees_keep_whole_iid_groups_and_expand_the_best_draw(depth, topk, B, V, seed, data):
+    budget = data.draw(st.integers(depth, depth * topk))
+    sizes = group_sizes(budget, depth, topk)
+    assert sum(sizes) == budget and all(1 <= c <= topk for c in sizes) and list(sizes) == sorted(sizes, reverse=True)
+    oracle = Oracle(V, seed)
+    gen = torch.Generator().manual_seed(seed)
+    grown = sampled_tree(
+        oracle.root(B), oracle.tensor_step(B), sizes=sizes,
+        sample=lambda p, c: torch.multinomial(p, c, replacement=True, generator=gen),
+    )
+    assert grown.tokens.shape == (B, budget) and grown.dists.shape == (B, depth, V)
+    assert_valid_tree(grown.parents, depth)
+    for b in range(B):
+        toks, par, didx = grown.tokens[b].tolist(), grown.parents[b].tolist(), grown.dist_index[b].tolist()
+        h, score, parent, first = b, 0.0, 0, 1  # walk the groups: the expanded node is the best draw
+        for t, c in enumerate(sizes):
+            group = range(first - 1, first - 1 + c)
+            assert all(par[i] == parent for i in group)  # one whole group per depth
+            lq = oracle.row(h)
+            assert torch.allclose(grown.dists[b, t], torch.from_numpy(lq).exp())
+            scores = [np.float32(score + lq[toks[i]]) for i in group]
+            expanded = [i for i in group if didx[i] >= 0]
+            if t + 1 < len(sizes):
+                best = min(range(c), key=lambda j: (-scores[j], j))
+                assert expanded == [first - 1 + best] and didx[first - 1 + best] == t + 1
+                h, score, parent = _hash(h, toks[first - 1 + best]), scores[best], first + best
+            else:
+                assert expanded == []
+            first += c
