@@ -15,6 +15,7 @@ output and its log-sum-exp, and a second kernel combines them.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -260,6 +261,7 @@ def _block_m(rows: int) -> int:
     return min(64, max(16, 1 << max(0, rows - 1).bit_length()))
 
 
+@functools.lru_cache(maxsize=None)
 def _num_programs_target(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
@@ -267,10 +269,10 @@ def _num_programs_target(device: torch.device) -> int:
 
 
 def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_kv_len: int, device: torch.device) -> int:
-    """Key splits so that the grid fills the GPU: >= 1, each split >= 256 keys, at most 16."""
+    """Key splits so that the grid fills the GPU: >= 1, each split >= 128 keys, at most 32."""
     programs = batch * kv_heads * q_tiles
     want = -(-_num_programs_target(device) // programs)
-    return max(1, min(want, max_kv_len // 256, 16))
+    return max(1, min(want, max_kv_len // 128, 32))
 
 
 def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None):

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from specdec.kernels.tree_attention import paged_attention
@@ -61,7 +61,7 @@ def sdpa_rows(q, k, v, visible, scale):
 
 
 @st.composite
-def tree_cases(draw):
+def tree_cases(draw, head_dims=(4, 8, 12, 16)):
     batch = draw(st.integers(1, 3))
     num_slots = draw(st.integers(1, 40))
     parents, num_nodes, committed = [], [], []
@@ -74,7 +74,7 @@ def tree_cases(draw):
     return dict(
         batch=batch, num_slots=num_slots, parents=parents, num_nodes=num_nodes, committed=committed,
         block_size=draw(st.sampled_from([1, 2, 3, 4, 16])), kv_heads=draw(st.integers(1, 2)),
-        group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from([4, 8, 12, 16])),
+        group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from(head_dims)),
         window=draw(st.one_of(st.none(), st.integers(1, 24))), splits=draw(st.integers(1, 3)),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -103,6 +103,17 @@ def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case):
     scale = case["head_dim"] ** -0.5
     ref = attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], impl="ref")
     out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], num_splits=case["splits"])
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
+
+
+@settings(max_examples=min(10, settings().max_examples))  # eager on CPU, one compile per shape on GPU
+@given(tree_cases(head_dims=(16,)))  # compiled FlexAttention wants head_dim >= 16
+def test_flex_attention_path_equals_dense_reference_on_random_trees(case):
+    note(case)
+    cache, batch, q = build_tree_step(case)
+    scale = case["head_dim"] ** -0.5
+    ref = attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], impl="ref")
+    out = attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], impl="flex")
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
 
 

@@ -1,0 +1,190 @@
+"""Benchmark: attention over the paged KV cache (tree verify vs decode) and KV relocation.
+
+A Llama-3.1-8B-shaped attention stack (32 layers, 32 query heads, 8 KV heads, head_dim 128,
+bf16; random K/V, no weights): per forward, every layer's attention for
+  - tree verify: bs 1 and 8, N = 64 tree nodes, 2k committed tokens,
+  - decode: bs 1 and 8, one token, 2k committed tokens,
+  - prefill: bs 1, 2k tokens (causal),
+for each implementation (triton: the paged kernel; flex: FlexAttention on gathered K/V;
+ref: dense masked SDPA), then the relocation kernel vs its torch reference over all layers.
+Times are per forward (all layers), median of CUDA-event timings, eager and CUDA-graph
+replayed. `--quick` runs tiny sizes on CPU (Triton interpreted).
+
+    python examples/bench_attention.py            # on a CUDA machine
+    python examples/bench_attention.py --quick    # anywhere, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+from specdec.kernels.kv_relocate import relocate_kv  # noqa: E402
+from specdec.runtime.attention import attention  # noqa: E402
+from specdec.runtime.batch import decode_batch, prefill_batch, tree_batch  # noqa: E402
+from specdec.runtime.kv_cache import PagedKVCache  # noqa: E402
+from specdec.types import TreeMeta  # noqa: E402
+
+
+def random_tree(batch: int, nodes: int, max_fanout_back: int, gen: torch.Generator, device) -> TreeMeta:
+    """A random topological tree per row (parent within the last `max_fanout_back` nodes)."""
+    meta = TreeMeta.empty(batch, nodes, device="cpu")
+    anc = torch.zeros(batch, nodes, nodes, dtype=torch.bool)
+    for i in range(nodes):
+        anc[:, i, i] = True
+        if i:
+            lo = max(0, i - max_fanout_back)
+            parent = torch.randint(lo, i, (batch,), generator=gen)
+            anc[:, i] |= anc[torch.arange(batch), parent]
+            meta.positions[:, i] = meta.positions[torch.arange(batch), parent] + 1
+    words = (nodes + 31) // 32
+    bits = torch.zeros(batch, nodes, words * 32, dtype=torch.int64)
+    bits[..., :nodes] = anc.long()
+    packed = (bits.view(batch, nodes, words, 32) << torch.arange(32)).sum(-1)
+    meta.packed_mask.copy_(torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32))
+    return TreeMeta(*(x.to(device) for x in vars(meta).values()))
+
+
+def timed(fn, iters: int, device) -> float:
+    """Median milliseconds of `fn()`."""
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def graph_timed(fn, iters: int, device) -> float | None:
+    """Median ms of replaying `fn` as a CUDA graph (None if it cannot be captured)."""
+    if device.type != "cuda":
+        return None
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return timed(graph.replay, iters, device)
+    except Exception as err:  # noqa: BLE001 - report and go on
+        print(f"  (cuda graph capture failed: {type(err).__name__}: {str(err)[:120]})")
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
+    parser.add_argument("--impls", default="triton,flex,ref", help="comma-separated attention impls")
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size (tokens)")
+    parser.add_argument("--iters", type=int, default=None)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
+    if args.quick:
+        L, H, Hkv, hd, ctx, N, batches, dtype = 2, 4, 2, 16, 64, 8, (1, 2), torch.float32
+    else:
+        L, H, Hkv, hd, ctx, N, batches, dtype = 32, 32, 8, 128, 2048, 64, (1, 8), torch.bfloat16
+    iters = args.iters or (3 if args.quick else 20)
+    impls = args.impls.split(",")
+    gen = torch.Generator().manual_seed(0)
+    max_b = max(batches)
+    seq = ctx + N + 64
+    cache = PagedKVCache(L, Hkv, hd, max_batch_size=max_b, max_seq_len=seq, block_size=args.block_size,
+                         device=device, dtype=dtype)
+    for slot in range(max_b):
+        cache.reserve(slot, seq)
+    cache.storage.normal_()
+    scale = hd**-0.5
+    print(f"device={device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch {torch.__version__}")
+    print(f"shape: layers={L} heads={H} kv_heads={Hkv} head_dim={hd} {dtype} context={ctx} tree N={N} "
+          f"block_size={args.block_size}; times are per forward over all {L} layers (ms)\n")
+
+    kv_bytes = lambda b, s: b * s * Hkv * hd * 2 * cache.storage.element_size() * L  # noqa: E731
+    rows = []
+    for B in batches:
+        cache_len = torch.full((B,), ctx, device=device)
+        cases = {
+            "decode": (decode_batch(cache, cache_len, torch.ones(B, dtype=torch.bool, device=device),
+                                    max_kv_len=ctx + 1), 1, ctx + 1),
+            "tree": (tree_batch(cache, cache_len, random_tree(B, N, 8, gen, device), torch.full((B,), N, device=device),
+                                max_kv_len=ctx + N), N, ctx + N),
+        }
+        if B == 1:
+            cases["prefill"] = (prefill_batch(cache, torch.zeros(1, dtype=torch.int64, device=device),
+                                              torch.zeros(1, dtype=torch.int64, device=device),
+                                              torch.full((1,), ctx, device=device), ctx, max_kv_len=ctx), ctx, ctx)
+        for name, (batch, T, keys) in cases.items():
+            q = torch.randn(B, T, H, hd, generator=gen).to(device, dtype)
+            for impl in impls:
+                if impl == "ref" and name == "prefill" and not args.quick:
+                    continue  # dense [H, 2k, 2k] float32 scores: not a fair or useful number
+
+                def forward(impl=impl, q=q, batch=batch):
+                    for layer in range(L):
+                        attention(q, cache, layer, batch, scale=scale, impl=impl)
+
+                try:
+                    forward()  # warm-up: compile / autotune
+                    eager = timed(forward, iters, device)
+                    graph = graph_timed(forward, iters, device) if impl != "ref" else None
+                except Exception as err:  # noqa: BLE001
+                    print(f"  {name} bs={B} impl={impl} failed: {type(err).__name__}: {str(err)[:200]}")
+                    continue
+                best = min(x for x in (eager, graph) if x is not None)
+                gbs = kv_bytes(B, keys) / (best * 1e-3) / 1e9
+                rows.append((name, B, impl, eager, graph, gbs))
+
+    print(f"{'case':8} {'bs':>3} {'impl':7} {'eager ms':>9} {'graph ms':>9} {'KV GB/s':>8}")
+    for name, B, impl, eager, graph, gbs in rows:
+        g = f"{graph:9.3f}" if graph is not None else f"{'-':>9}"
+        print(f"{name:8} {B:3d} {impl:7} {eager:9.3f} {g} {gbs:8.1f}")
+    print("\ntree-verify / decode attention time (best of eager, graph):")
+    best = {(n, b, i): min(x for x in (e, g) if x is not None) for n, b, i, e, g, _ in rows}
+    for B in batches:
+        for impl in impls:
+            if ("tree", B, impl) in best and ("decode", B, impl) in best:
+                ratio = best[("tree", B, impl)] / best[("decode", B, impl)]
+                print(f"  bs={B} {impl:7} {ratio:6.2f}x")
+
+    print("\nKV relocation over all layers (K and V), accept path of D+1 = 6 nodes:")
+    print(f"{'bs':>3} {'impl':7} {'eager ms':>9} {'graph ms':>9}")
+    for B in batches:
+        committed = torch.full((B,), ctx, device=device)
+        nodes = torch.stack([torch.cat([torch.zeros(1, dtype=torch.int64),
+                                        torch.sort(torch.randperm(N - 1, generator=gen)[:5] + 1).values])
+                             for _ in range(B)]).to(device)
+        length = torch.full((B,), 5, device=device)
+        for impl in ("triton", "torch"):
+            def move(impl=impl):
+                relocate_kv(cache, committed, nodes, length, impl=impl)
+
+            move()
+            eager = timed(move, iters, device)
+            graph = graph_timed(move, iters, device)
+            g = f"{graph:9.3f}" if graph is not None else f"{'-':>9}"
+            print(f"{B:3d} {impl:7} {eager:9.3f} {g}")
+
+
+if __name__ == "__main__":
+    main()
