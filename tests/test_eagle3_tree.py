@@ -22,9 +22,9 @@ def _hash(h, tok):
 class Oracle:
     """logq(path) = table[hash(path) % ROWS]; the same for tensors and for Python lists."""
 
-    def __init__(self, vocab: int, seed: int, integer: bool = False):
+    def __init__(self, vocab: int, seed: int, integer: bool = False, scale: float = 3.0):
         gen = torch.Generator().manual_seed(seed)
-        logits = torch.randn(ROWS, vocab, generator=gen) * 3
+        logits = torch.randn(ROWS, vocab, generator=gen) * scale
         if integer:  # many exact ties
             logits = logits.round().clamp(-2, 2)
         self.table = torch.log_softmax(logits, -1).clamp(max=0.0)  # [ROWS, V] float32
@@ -160,3 +160,56 @@ def test_sampled_trees_keep_whole_iid_groups_and_expand_the_best_draw(depth, top
             else:
                 assert expanded == []
             first += c
+
+
+def test_sampled_trees_with_speculative_verification_emit_the_target_distribution():
+    """Many i.i.d. trials as batch rows: a sampled tree (groups of 3 then 2 draws) verified by
+    `verify_speculative` emits a first token ~ p(root) and, after an accepted first draft, a
+    second token ~ p(. | first). A tree pruned by the draws' own values would fail this."""
+    from specdec.ops import build_tree, verify_speculative
+
+    B, V = 40_000, 5
+    draft = Oracle(V, seed=1, scale=1.0)
+    target = Oracle(V, seed=2, scale=1.0)
+    gen = torch.Generator().manual_seed(0)
+    step = draft.tensor_step(B)
+    root_h = torch.zeros(B, 1, dtype=torch.int64)
+    step_state = {"first": True}
+
+    def same_root_step(tokens, parent_slot):  # every row starts from the same root (hash 0)
+        if step_state.pop("first", False):
+            return draft.table[_hash(root_h, tokens) % ROWS]
+        return step(tokens, parent_slot)
+
+    root_logq = draft.table[torch.zeros(B, dtype=torch.int64)]
+    grown = sampled_tree(
+        root_logq, same_root_step, sizes=(3, 2),
+        sample=lambda p, c: torch.multinomial(p, c, replacement=True, generator=gen),
+    )
+    S = grown.tokens.shape[1]
+    parents = torch.cat([torch.full((B, 1), -1), grown.parents], 1)  # [B, N]
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.int64), grown.tokens], 1)
+    hashes = torch.zeros(B, S + 1, dtype=torch.int64)  # path hash of every node
+    for i in range(1, S + 1):
+        hashes[:, i] = _hash(hashes.gather(1, parents[:, i : i + 1])[:, 0], tokens[:, i])
+    target_probs = target.table[hashes % ROWS].exp()  # [B, N, V]
+    index = torch.cat([torch.zeros(B, 1, dtype=torch.int64), grown.dist_index], 1)
+    draft_probs = grown.dists.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, V))
+    draft_probs = torch.where((index >= 0)[..., None], draft_probs, 0.0)
+    tree = build_tree(parents, torch.full((B,), S + 1), impl="torch")
+    acc = verify_speculative(tokens, tree, target_probs, draft_probs, generator=gen, impl="torch")
+
+    def assert_matches(samples, p, what):
+        n = samples.numel()
+        freq = torch.bincount(samples, minlength=V).double() / n
+        bound = 5 * (p * (1 - p) / n).sqrt() + 1e-4
+        assert bool(((freq - p).abs() <= bound).all()), (what, n, freq.tolist(), p.tolist())
+
+    first = acc.accept_tokens[:, 0]
+    assert_matches(first, target.table[0].exp().double(), "first token")
+    went_on = acc.accept_length >= 1
+    assert 0.2 < float(went_on.double().mean()) < 0.95  # both branches are exercised
+    for x in range(V):
+        rows = went_on & (first == x)
+        if int(rows.sum()) > 2000:
+            assert_matches(acc.accept_tokens[rows, 1], target.table[_hash(0, x) % ROWS].exp().double(), f"after {x}")
