@@ -8,7 +8,8 @@ bf16; random K/V, no weights): per forward, every layer's attention for
 for each implementation (triton: the paged kernel; flex: FlexAttention on gathered K/V;
 ref: dense masked SDPA), then the relocation kernel vs its torch reference over all layers.
 Times are per forward (all layers), median of CUDA-event timings, eager and CUDA-graph
-replayed. `--quick` runs tiny sizes on CPU (Triton interpreted).
+replayed. FlexAttention's block mask is built once per forward (memoized on the batch) and
+is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
 
     python examples/bench_attention.py            # on a CUDA machine
     python examples/bench_attention.py --quick    # anywhere, a smoke run

@@ -15,7 +15,6 @@ output and its log-sum-exp, and a second kernel combines them.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -32,6 +31,13 @@ except ImportError:  # pragma: no cover
 __all__ = ["paged_attention", "paged_attention_triton"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _fixed_config() -> dict:
+    """Launch parameters without autotuning (tests: one compile per shape family)."""
+    if _INTERPRET:
+        return dict(BLOCK_N=16)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
 def _autotune_configs():
@@ -95,7 +101,6 @@ if HAS_TRITON:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         return m_new, l_i, acc
 
-    @triton.autotune(configs=_autotune_configs(), key=["ROWS", "HD_PAD", "IS_TREE", "NUM_SPLITS", "SPLIT_LEN"])
     @triton.jit
     def _paged_attention_kernel(
         q_ptr, sq_b, sq_t, sq_h,  # q [B, T, H, hd]
@@ -106,10 +111,9 @@ if HAS_TRITON:
         pos_ptr, sp_b,  # RoPE positions [B, T] (unused without a window)
         o_ptr, so_s, so_b, so_t, so_h,  # out [B, T, H, hd], or partial [S, B, T, H, hd] fp32
         lse_ptr, sl_s, sl_b, sl_t,  # partial log-sum-exp [S, B, T, H] fp32 (NUM_SPLITS > 1)
-        scale, window,
-        T: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
-        ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        scale, window, T, HKV, G, ROWS, SPLIT_LEN,  # runtime ints: fewer specializations
+        HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
         PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
     ):
         b = tl.program_id(0) // HKV
@@ -171,9 +175,13 @@ if HAS_TRITON:
         o_off = split * so_s + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :]
         store_mask = (m < ROWS)[:, None] & d_ok[None, :]
         tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=store_mask)
-        if NUM_SPLITS > 1:
+        if SPLIT:
             lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
             tl.store(lse_ptr + split * sl_s + b * sl_b + t * sl_t + h, lse, mask=m < ROWS)
+
+    _paged_attention_tuned = triton.autotune(
+        configs=_autotune_configs(), key=["ROWS", "HD_PAD", "BLOCK_M", "IS_TREE", "SPLIT", "SPLIT_LEN"]
+    )(_paged_attention_kernel)
 
     @triton.jit
     def _combine_kernel(
@@ -209,6 +217,7 @@ if HAS_TRITON:
         scale: float,
         window: int,  # <= 0: no window
         num_splits: int,
+        autotune: bool,
     ) -> torch.Tensor:
         """Attention of `q` over the paged layer `k_rows`/`v_rows`; returns [B, T, H, hd]."""
         B, T, H, hd = q.shape
@@ -234,7 +243,11 @@ if HAS_TRITON:
             l_arg, l_strides = cache_len, (0, 0, 0)
         precision = "ieee" if q.dtype == torch.float32 else "tf32"
         grid = (B * hkv, triton.cdiv(rows, block_m), num_splits)
-        wrap_triton(_paged_attention_kernel)[grid](
+        if autotune:
+            kernel, config = _paged_attention_tuned, {}
+        else:
+            kernel, config = _paged_attention_kernel, _fixed_config()
+        wrap_triton(kernel)[grid](
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
             block_tables, block_tables.stride(0),
@@ -243,10 +256,9 @@ if HAS_TRITON:
             pos_arg, positions.stride(0) if has_window else 0,
             o_arg, *o_strides,
             l_arg, *l_strides,
-            scale, window,
-            T=T, HKV=hkv, G=group, HD=hd, HD_PAD=hd_pad, ROWS=rows, BLOCK_SIZE=block_size,
-            BLOCK_M=block_m, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, IS_TREE=is_tree,
-            HAS_WINDOW=has_window, PRECISION=precision, INTERPRET=_INTERPRET,
+            scale, window, T, hkv, group, rows, split_len,
+            HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m, SPLIT=num_splits > 1,
+            IS_TREE=is_tree, HAS_WINDOW=has_window, PRECISION=precision, INTERPRET=_INTERPRET, **config,
         )
         if num_splits > 1:
             wrap_triton(_combine_kernel)[(B * T * H,)](
@@ -261,25 +273,23 @@ def _block_m(rows: int) -> int:
     return min(64, max(16, 1 << max(0, rows - 1).bit_length()))
 
 
-@functools.lru_cache(maxsize=None)
-def _num_programs_target(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_kv_len: int, device: torch.device) -> int:
-    """Key splits so that the grid fills the GPU: >= 1, each split >= 128 keys, at most 32."""
+def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_kv_len: int, num_sms: int) -> int:
+    """Key splits so that the grid fills the GPU (2 programs per SM): >= 1, each split
+    >= 128 keys, at most 32."""
     programs = batch * kv_heads * q_tiles
-    want = -(-_num_programs_target(device) // programs)
+    want = -(-2 * num_sms // programs)
     return max(1, min(want, max_kv_len // 128, 32))
 
 
-def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None):
+def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None, autotune=None):
     """`runtime.attention(..., impl="triton")`: see `attention_ref` for the arguments.
 
     `num_splits` forces the number of key splits (tests); None picks it from the grid size.
+    `autotune`: pick BLOCK_N / warps / stages by timing, once per shape family (default: on
+    CUDA; off under the interpreter; tests turn it off to keep compiles few).
     """
+    if autotune is None:
+        autotune = q.is_cuda and not _INTERPRET
     if not HAS_TRITON:
         raise RuntimeError("impl='triton' needs the triton package; use impl='ref'")
     out_dtype = q.dtype
@@ -292,7 +302,7 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
     if num_splits is None:
         rows = T * (H // hkv)
         q_tiles = -(-rows // _block_m(rows))
-        num_splits = choose_num_splits(B, hkv, q_tiles, batch.max_kv_len, q.device)
+        num_splits = choose_num_splits(B, hkv, q_tiles, batch.max_kv_len, cache.num_sms)
     positions = None
     if sliding_window is not None:
         from specdec.runtime.attention import query_positions
@@ -313,5 +323,6 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         float(scale),
         int(sliding_window or 0),
         int(num_splits),
+        bool(autotune),
     )
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -86,6 +86,8 @@ class PagedKVCache:
         self.num_blocks = _check_int("num_blocks", num_blocks, 1)
         self.device = torch.device(device)
         self.dtype = dtype
+        # read once here, on the host, so kernels can size their grids inside a compiled step
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 1
 
         self.num_tokens = num_blocks * block_size  # real token rows per region; row num_tokens is the sink
         offsets, widths, total = [], [], 0
