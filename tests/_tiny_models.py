@@ -70,15 +70,21 @@ def spec_config(max_batch_size: int = 3, max_seq_len: int = 96, block_size: int 
     return SpecConfig(max_batch_size=max_batch_size, max_seq_len=max_seq_len, kv_block_size=block_size, **kw)
 
 
+def _dev(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 def run_prefill(model, cache, prompts: list[list[int]], slots: list[int], *, capture=None):
-    """Prefill `prompts` into `slots` (fresh slots). Returns (ModelOutput, q_len [B])."""
+    """Prefill `prompts` into `slots` (fresh slots). Returns (ModelOutput, q_len [B]) on the model's device."""
+    dev = _dev(model)
     T = max(len(p) for p in prompts)
     tokens = torch.zeros(len(prompts), T, dtype=torch.int64)
     for b, p in enumerate(prompts):
         tokens[b, : len(p)] = torch.tensor(p)
         cache.reserve(slots[b], len(p))
-    q_len = torch.tensor([len(p) for p in prompts])
-    batch = prefill_batch(cache, torch.tensor(slots), torch.zeros_like(q_len), q_len, T)
+    tokens = tokens.to(dev)
+    q_len = torch.tensor([len(p) for p in prompts], device=dev)
+    batch = prefill_batch(cache, torch.tensor(slots, device=dev), torch.zeros_like(q_len), q_len, T)
     with torch.no_grad():
         out = model(tokens, batch.positions, cache, batch, capture=capture)
     return out, q_len
@@ -86,12 +92,13 @@ def run_prefill(model, cache, prompts: list[list[int]], slots: list[int], *, cap
 
 def run_decode(model, cache, tokens: torch.Tensor, cache_len: torch.Tensor, active: torch.Tensor):
     """One decode step: tokens [B] (row b = slot b). Reserves blocks for active slots."""
+    dev = _dev(model)
     for s in range(tokens.shape[0]):
         if bool(active[s]):
             cache.reserve(s, int(cache_len[s]) + 1)
-    batch = decode_batch(cache, cache_len, active)
+    batch = decode_batch(cache, cache_len.to(dev), active.to(dev))
     with torch.no_grad():
-        return model(tokens[:, None], batch.positions, cache, batch)
+        return model(tokens[:, None].to(dev), batch.positions, cache, batch)
 
 
 def tree_meta(parents: list[list[int]], N: int) -> TreeMeta:
@@ -128,15 +135,17 @@ def path_to(parents: list[int], i: int) -> list[int]:
 
 def run_tree(model, cache, tokens: torch.Tensor, parents: list[list[int]], cache_len: torch.Tensor, *, capture=None):
     """Tree verification forward: tokens [B, N] (row b = slot b), parents per slot (empty = idle)."""
+    dev = _dev(model)
     B, N = tokens.shape
     meta = tree_meta(parents, N)
-    num_nodes = torch.tensor([len(p) for p in parents])
+    meta = TreeMeta(*(getattr(meta, f).to(dev) for f in ("packed_mask", "positions", "next_token", "next_sibling", "retrieve_index")))
+    num_nodes = torch.tensor([len(p) for p in parents], device=dev)
     for s in range(B):
         if parents[s]:
             cache.reserve(s, int(cache_len[s]) + N)
-    batch = tree_batch(cache, cache_len, meta, num_nodes)
+    batch = tree_batch(cache, cache_len.to(dev), meta, num_nodes)
     with torch.no_grad():
-        return model(tokens, batch.positions, cache, batch, capture=capture), num_nodes
+        return model(tokens.to(dev), batch.positions, cache, batch, capture=capture), num_nodes
 
 
 def random_parents(gen: torch.Generator, n: int) -> list[int]:
@@ -144,5 +153,11 @@ def random_parents(gen: torch.Generator, n: int) -> list[int]:
 
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |ours - ref| / max |ref|."""
-    return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
+    """max |ours - ref| / max |ref| (ours is moved to ref's device)."""
+    ours, ref = ours.detach().float().to(ref.device), ref.detach().float()
+    return float((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+# Our model runs here: on CUDA its attention is the Triton kernel (impl "auto"), on CPU the
+# reference; transformers always runs on the CPU.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

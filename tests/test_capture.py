@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny_models import make_checkpoint, path_to, random_parents, rel_err, run_prefill, run_tree, spec_config
+from _tiny_models import DEVICE, make_checkpoint, path_to, random_parents, rel_err, run_prefill, run_tree, spec_config
 from hypothesis import given, note
 from hypothesis import strategies as st
 
@@ -18,7 +18,7 @@ L = 7  # > 5, so the EAGLE-3 default (1, L//2 - 1, L - 4) = (1, 2, 3) applies
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("capture")
     hf = make_checkpoint("qwen2", folder, num_hidden_layers=L)  # has sliding + full layers
-    return hf, load_target(folder, attn_impl="ref")
+    return hf, load_target(folder, device=DEVICE)
 
 
 def _hf_states(hf, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -84,7 +84,7 @@ def test_tree_capture_rows_follow_node_order_of_real_rows(tiny):
     expect = torch.stack(rows)  # [8 + 5, d * 3]
     assert rel_err(capture.rows(13), expect) < 1e-4
     assert capture.buffer[13:].isnan().all()
-    per_node = capture.gather(capture.row_index(torch.tensor([8, 0, 5]), N))  # [B, N, d*3] forward layout
+    per_node = capture.gather(capture.row_index(torch.tensor([8, 0, 5], device=DEVICE), N))  # [B, N, d*3] forward layout
     torch.testing.assert_close(per_node[0], capture.rows(8))
     torch.testing.assert_close(per_node[2, :5], capture.rows(13)[8:])
 

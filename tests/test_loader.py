@@ -123,3 +123,15 @@ def test_load_to_bfloat16_keeps_weights_and_runs(tmp_path):
     torch.testing.assert_close(model.layers[0].self_attn.q_norm.weight, ref.bfloat16())
     out, _ = run_prefill(model, model.make_cache(spec_config(), dtype=torch.bfloat16), [[1, 2, 3]], [0])
     assert out.logits.dtype == torch.float32 and out.logits.isfinite().all()
+
+
+def test_rope_buffer_follows_the_construction_device_and_stays_float32():
+    from specdec.models import DecoderLM
+
+    cfg = ModelConfig.from_hf(hf_config("llama"))
+    with torch.device("meta"):
+        meta = DecoderLM(cfg)
+    assert meta.rotary.inv_freq.device.type == "meta"
+    model = meta.to_empty(device="cpu").to(torch.bfloat16)
+    assert model.rotary.inv_freq.dtype == torch.float32
+    torch.testing.assert_close(model.rotary.inv_freq, DecoderLM(cfg).rotary.inv_freq, rtol=0, atol=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _tiny_models import (
+    DEVICE,
     FAMILIES,
     make_checkpoint,
     path_to,
@@ -25,7 +26,7 @@ TOL = 1e-4
 def family(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = make_checkpoint(request.param, folder)
-    target = load_target(folder, attn_impl="ref")
+    target = load_target(folder, device=DEVICE)
     return request.param, hf, target
 
 
@@ -66,7 +67,7 @@ def test_paged_decode_logits_match_transformers(family):
     steps = []
     for _ in range(10):  # crosses several 4-token blocks and the window of 8
         new = torch.randint(0, model.config.vocab_size, (3,), generator=gen)
-        out = run_decode(model, cache, new, cache_len, active)
+        out = run_decode(model, cache, new, cache_len, active)  # helpers move inputs to DEVICE
         steps.append(out.logits[:, 0])  # [B, V]
         for b in (0, 1):
             seqs[b].append(int(new[b]))
@@ -108,16 +109,17 @@ def test_logits_index_picks_rows_of_the_full_logits(family):
     prompts = _prompts(gen, [7, 4], model.config.vocab_size)
     full, _ = run_prefill(model, cache, prompts, slots=[0, 1])
     cache2 = model.make_cache(spec_config())
-    index = torch.tensor([[6, 0], [3, 3]])
+    index = torch.tensor([[6, 0], [3, 3]], device=DEVICE)
     from specdec.runtime.batch import prefill_batch
 
     tokens = torch.zeros(2, 7, dtype=torch.int64)
     for b, p in enumerate(prompts):
         tokens[b, : len(p)] = torch.tensor(p)
         cache2.reserve(b, len(p))
-    batch = prefill_batch(cache2, torch.tensor([0, 1]), torch.zeros(2, dtype=torch.int64), torch.tensor([7, 4]), 7)
+    kw = dict(device=DEVICE)
+    batch = prefill_batch(cache2, torch.tensor([0, 1], **kw), torch.zeros(2, dtype=torch.int64, **kw), torch.tensor([7, 4], **kw), 7)
     with torch.no_grad():
-        picked = model(tokens, batch.positions, cache2, batch, logits_index=index)
+        picked = model(tokens.to(DEVICE), batch.positions, cache2, batch, logits_index=index)
     assert picked.logits.shape == (2, 2, model.config.vocab_size)
     expect = torch.stack([full.logits[b, index[b]] for b in range(2)])
     torch.testing.assert_close(picked.logits, expect)
@@ -128,7 +130,7 @@ def test_bfloat16_model_tracks_float32_logits(family):
     name, _, target = family
     from specdec.models import load_target
 
-    bf16 = load_target(target.path, dtype=torch.bfloat16, attn_impl="ref").model
+    bf16 = load_target(target.path, dtype=torch.bfloat16, device=DEVICE).model
     assert bf16.rotary.inv_freq.dtype == torch.float32
     torch.testing.assert_close(bf16.rotary.inv_freq, target.model.rotary.inv_freq)
     gen = torch.Generator().manual_seed(5)
@@ -144,17 +146,18 @@ def test_compiled_decode_step_has_no_graph_break_and_no_recompile(tmp_path):
     from specdec.runtime.batch import decode_batch
 
     make_checkpoint("qwen3", tmp_path, num_hidden_layers=2)
-    model = load_target(tmp_path, attn_impl="ref").model
+    model = load_target(tmp_path, device=DEVICE).model
     config = spec_config(layers_to_capture=(0, 1))
     cache, capture = model.make_cache(config), model.make_capture(config)
     run_prefill(model, cache, [[1, 2, 3, 4, 5], [6, 7, 8]], slots=[0, 1])
     step = torch.compile(model, fullgraph=True, dynamic=False)
-    cache_len, active = torch.tensor([5, 3, 0]), torch.tensor([True, True, False])
+    cache_len = torch.tensor([5, 3, 0], device=DEVICE)
+    active = torch.tensor([True, True, False], device=DEVICE)
     for s in range(2):
         for slot in (0, 1):
             cache.reserve(slot, int(cache_len[slot]) + 1)
         batch = decode_batch(cache, cache_len, active)
-        tokens = torch.tensor([[9 + s], [10 + s], [0]])
+        tokens = torch.tensor([[9 + s], [10 + s], [0]], device=DEVICE)
         with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=s > 0):
             out = step(tokens, batch.positions, cache, batch, capture=capture)
         hidden = capture.rows(2).clone()

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from _tiny_models import run_decode, run_prefill, spec_config
+from _tiny_models import DEVICE, run_decode, run_prefill, spec_config
 
 from specdec.models import convert_gguf, load_target, smollm2_gguf_path
 
@@ -46,7 +46,7 @@ def test_smollm2_greedy_continuation_equals_transformers_generate(smollm2, monke
 
     gguf, folder = smollm2
     monkeypatch.setenv("SPECDEC_CACHE", str(folder.parent.parent))  # load_target(gguf) hits this cache
-    target = load_target(gguf, attn_impl="ref")
+    target = load_target(gguf, device=DEVICE)
     assert target.info.num_layers == 30 and target.info.model_type == "llama"
     assert 2 in target.info.eos_token_ids  # <|im_end|>
     tok = target.tokenizer
@@ -58,9 +58,9 @@ def test_smollm2_greedy_continuation_equals_transformers_generate(smollm2, monke
     model = target.model
     cache = model.make_cache(spec_config(max_seq_len=max(map(len, prompts)) + NEW_TOKENS + 1, block_size=16))
     out, q_len = run_prefill(model, cache, prompts, slots=[0, 1, 2])
-    nxt = out.logits[torch.arange(3), q_len - 1].argmax(-1)  # [3]
+    nxt = out.logits[torch.arange(3, device=DEVICE), q_len - 1].argmax(-1)  # [3]
     ours = [nxt]
-    cache_len, active = q_len.clone(), torch.ones(3, dtype=torch.bool)
+    cache_len, active = q_len.clone(), torch.ones(3, dtype=torch.bool, device=DEVICE)
     for _ in range(NEW_TOKENS - 1):
         nxt = run_decode(model, cache, nxt, cache_len, active).logits[:, 0].argmax(-1)
         ours.append(nxt)

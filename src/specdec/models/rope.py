@@ -94,7 +94,8 @@ class Rotary(nn.Module):
         super().__init__()
         self.rope, self.rope_head_dim = rope, head_dim
         inv_freq, self.attention_scaling = rope_inv_freq(rope, head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [hd/2] float32
+        device = torch.empty(0).device  # follow a `with torch.device(...)` context, like the parameters
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)  # [hd/2] float32
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
