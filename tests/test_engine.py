@@ -39,7 +39,8 @@ class BigramRunner:
     def prefill(self, slot, prompt):
         return self.table[prompt[-1]], None
 
-    def verify(self, tokens, tree, committed_len, num_nodes):
+    def verify(self, tokens, tree, committed_len, num_nodes, kv_len):
+        assert kv_len % 128 == 0 or kv_len == 64  # bucketed, or capped at max_seq_len
         self.calls.append("target_forward")
         return self.table[tokens], None  # [B, N, V]
 

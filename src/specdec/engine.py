@@ -25,6 +25,8 @@ from .types import SamplingTensors, TreeMeta
 
 __all__ = ["SpecEngine", "TargetRunner", "RequestState", "StepObserver"]
 
+KV_LEN_BUCKET = 128  # attention scans keys up to a multiple of this (static shapes per bucket)
+
 
 class TargetRunner(Protocol):
     """The target side of a step: forwards over a paged KV cache owned by the runner."""
@@ -39,11 +41,12 @@ class TargetRunner(Protocol):
         """
 
     def verify(
-        self, tokens: torch.Tensor, tree: TreeMeta, committed_len: torch.Tensor, num_nodes: torch.Tensor
+        self, tokens: torch.Tensor, tree: TreeMeta, committed_len: torch.Tensor, num_nodes: torch.Tensor, kv_len: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run every slot's tree (node i's KV at committed_len + i; slots with num_nodes 0 are idle).
 
-        tokens [B, N] int64, committed_len [B] int64, num_nodes [B] int64.
+        tokens [B, N] int64, committed_len [B] int64, num_nodes [B] int64; kv_len (python int)
+        bounds committed_len + N for every active slot (the keys attention must scan).
         Returns (logits [B, N, V] float32, captured states [B, N, d*n_capture] or None).
         """
 
@@ -109,6 +112,7 @@ class SpecEngine:
         self.sampling = SamplingTensors.from_params([SamplingParams()] * B, dev)
         self.slot_generators: list[torch.Generator | None] = [None] * B
         self.requests: list[RequestState | None] = [None] * B
+        self.committed_host = [0] * B  # host copy of committed_len, updated at the hand-off
         self.eos_token_ids = tuple(runner.info.eos_token_ids)
 
     # ------------------------------------------------------------------ requests
@@ -157,6 +161,7 @@ class SpecEngine:
 
         self.root_tokens[slot] = first[0]
         self.committed_len[slot] = len(prompt)
+        self.committed_host[slot] = len(prompt)
         self.accept_length[slot] = -1
         self.accept_tokens[slot] = -1
         self.active[slot] = True
@@ -194,9 +199,14 @@ class SpecEngine:
         """One speculative step for every active slot, ending in the token hand-off."""
         s = self.strategies
         B, N = self.config.max_batch_size, self.num_slots_tree
+        kv_len = 0
         for slot, request in enumerate(self.requests):  # host: back the tree's KV slots
             if request is not None:
-                self.runner.reserve(slot, int(self.committed_len[slot]) + N)
+                need = self.committed_host[slot] + N
+                self.runner.reserve(slot, need)
+                kv_len = max(kv_len, need)
+        # Static key bound for attention, bucketed so compiled shapes stay few.
+        kv_len = min(-(-kv_len // KV_LEN_BUCKET) * KV_LEN_BUCKET, self.config.max_seq_len)
 
         # 1. capture: the target states along last step's accepted path (gathered in _advance).
         draft = s.drafter.propose(
@@ -207,12 +217,13 @@ class SpecEngine:
                 accept_tokens=self.accept_tokens,
                 hidden=self.hidden_path,
                 active=self.active,
+                sampling=self.sampling,
             )
         )
         # 2. draft done; 3. build tree (idle slots keep a root-only tree)
         num_nodes = torch.where(self.active, draft.num_nodes, torch.zeros_like(draft.num_nodes))  # [B]
         tree = s.build_tree(draft.parents, draft.num_nodes, out=self.tree_buf)
-        logits, captured = self.runner.verify(draft.tokens, tree, self.committed_len, num_nodes)  # [B, N, V]
+        logits, captured = self.runner.verify(draft.tokens, tree, self.committed_len, num_nodes, kv_len)  # [B, N, V]
         # 4. verify
         acc = s.verifier(
             draft.tokens, tree, logits, self.sampling, draft_probs=draft.draft_probs, uniforms=self._uniforms()
@@ -229,6 +240,7 @@ class SpecEngine:
             if request is None:
                 continue
             a = lengths[slot]
+            self.committed_host[slot] += a + 1
             request.accepted_per_step.append(a)
             self._emit(request, tokens[slot][: a + 1])
         for obs in self.observers:

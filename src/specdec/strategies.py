@@ -47,6 +47,7 @@ class DraftInput:
                    position committed_len - a - 1 + j); rows past a are undefined.
     Right after `prefill`, a slot has accept_length = -1 (nothing new to ingest).
     active:        [B] bool, slots holding a live request
+    sampling:      per-slot sampling parameters (drafters that sample may temper with them)
     """
 
     root_tokens: torch.Tensor  # [B] int64
@@ -55,6 +56,7 @@ class DraftInput:
     accept_tokens: torch.Tensor  # [B, N] int64
     hidden: torch.Tensor | None  # [B, N, d * n_capture]
     active: torch.Tensor  # [B] bool
+    sampling: SamplingTensors | None = None
 
 
 @runtime_checkable

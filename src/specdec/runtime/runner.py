@@ -70,6 +70,7 @@ class ModelRunner:
             torch.zeros(1, dtype=torch.int64, device=dev),
             torch.tensor([L], device=dev),
             L,
+            max_kv_len=L,
         )
         out = self.model(
             prompt[None],
@@ -88,10 +89,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def verify(
-        self, tokens: torch.Tensor, tree: TreeMeta, committed_len: torch.Tensor, num_nodes: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        tree: TreeMeta,
+        committed_len: torch.Tensor,
+        num_nodes: torch.Tensor,
+        kv_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens [B, N] -> (logits [B, N, V] float32, captured [B, N, d*n_capture] or None)."""
-        batch = tree_batch(self.cache, committed_len, tree, num_nodes)
+        """tokens [B, N] -> (logits [B, N, V] float32, captured [B, N, d*n_capture] or None).
+
+        kv_len: static bound on committed_len + N over active slots (keys to scan); None = max_seq_len.
+        """
+        batch = tree_batch(self.cache, committed_len, tree, num_nodes, max_kv_len=kv_len)
         out = self.model(tokens, batch.positions, self.cache, batch, capture=self.capture)
         hidden = None
         if self.capture is not None:
