@@ -286,10 +286,11 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
 
     `num_splits` forces the number of key splits (tests); None picks it from the grid size.
     `autotune`: pick BLOCK_N / warps / stages by timing, once per shape family (default: on
-    CUDA; off under the interpreter; tests turn it off to keep compiles few).
+    CUDA for 16-bit caches; off for float32, whose exact-fp32 dots compile slowly, and under
+    the interpreter; tests turn it off to keep compiles few).
     """
     if autotune is None:
-        autotune = q.is_cuda and not _INTERPRET
+        autotune = q.is_cuda and not _INTERPRET and cache.dtype != torch.float32
     if not HAS_TRITON:
         raise RuntimeError("impl='triton' needs the triton package; use impl='ref'")
     out_dtype = q.dtype
