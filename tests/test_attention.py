@@ -290,7 +290,7 @@ def _ptxas_available() -> bool:
 def run_aot_compile(kernel_family: str) -> None:
     """Lower the real GPU path of the kernels to sm_90 cubin in a process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).with_name("aot_compile_kernels.py")
+    script = Path(__file__).with_name("_aot_compile_kernels.py")
     proc = subprocess.run([sys.executable, str(script), kernel_family], env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -5,7 +5,7 @@ script lowers the real GPU code path (`INTERPRET=False`) to PTX and cubin with T
 bundled ptxas, so GPU-only compile errors fail on CPU too. Run in a process WITHOUT
 TRITON_INTERPRET (the tests do that):
 
-    python tests/aot_compile_kernels.py attention relocate
+    python tests/_aot_compile_kernels.py attention relocate
 """
 
 import os
