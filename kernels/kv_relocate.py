@@ -48,7 +48,7 @@ def relocate_kv_reference(
     accept_length: torch.Tensor,  # [B] int64
     block_size: int,
     num_tokens: int,  # real token rows per region (row num_tokens is the sink)
-    max_row_width: int,  # max of row_widths (sizes the kernel grid; unused here)
+    max_row_width: int,  # max of row_widths (sizes the kernel grid and the column range)
 ) -> None:
     """Gather/scatter reference of the relocation over the flat storage (same signature as the kernel)."""
     B, P = accept_nodes.shape
