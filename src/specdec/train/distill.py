@@ -1,0 +1,265 @@
+"""Self-distillation data: the target's own responses to the prompts, generated in big batches.
+
+Owns the batched generation loop over the target's paged KV cache (specdec's runtime: one
+prefill forward per batch of prompts, then one decode forward per new token for the whole
+batch; greedy or sampled) and `DistillData`, the packed training sequences
+(prompt + response tokens, prompt lengths, prompt kinds) with save/load. It never trains
+and never looks at a draft head.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdec.runtime.batch import decode_batch, prefill_batch
+from specdec.runtime.kv_cache import PagedKVCache
+
+from .prompts import Prompt, encode_prompt
+
+__all__ = ["DistillData", "generate_responses", "build_distill_data"]
+
+ROUND_BATCHES = 8  # batches per shuffled round (prompts are length-sorted within a round)
+
+
+@dataclass
+class DistillData:
+    """Training sequences packed back to back.
+
+    tokens: [total] int32, sequence i is tokens[offsets[i]:offsets[i+1]] = prompt + response;
+    prompt_lens: [n] int64; kinds: prompt kind of each sequence; meta: how it was made.
+    """
+
+    tokens: torch.Tensor  # [total] int32
+    offsets: torch.Tensor  # [n + 1] int64
+    prompt_lens: torch.Tensor  # [n] int64
+    kinds: list[str]
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.prompt_lens.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[n] int64 sequence lengths."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def sequence(self, i: int) -> torch.Tensor:
+        """[L] int64 tokens of sequence i."""
+        return self.tokens[int(self.offsets[i]) : int(self.offsets[i + 1])].to(torch.int64)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int((self.lengths - self.prompt_lens).sum())
+
+    def subset(self, index: list[int]) -> "DistillData":
+        seqs = [self.sequence(i) for i in index]
+        return DistillData.pack(seqs, [int(self.prompt_lens[i]) for i in index], [self.kinds[i] for i in index], self.meta)
+
+    @staticmethod
+    def pack(seqs: list[torch.Tensor], prompt_lens: list[int], kinds: list[str], meta: dict | None = None) -> "DistillData":
+        lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+        offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        tokens = torch.cat([torch.as_tensor(s, dtype=torch.int32) for s in seqs]) if seqs else torch.zeros(0, dtype=torch.int32)
+        return DistillData(tokens, offsets, torch.tensor(prompt_lens, dtype=torch.int64), list(kinds), dict(meta or {}))
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(
+            {"tokens": self.tokens, "offsets": self.offsets, "prompt_lens": self.prompt_lens, "kinds": self.kinds, "meta": self.meta},
+            tmp,
+        )
+        tmp.replace(path)
+        return path
+
+    @staticmethod
+    def load(path) -> "DistillData":
+        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        return DistillData(state["tokens"], state["offsets"], state["prompt_lens"], list(state["kinds"]), dict(state["meta"]))
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """logits [b, V] float32 -> next tokens [b] int64 (argmax, or a draw at `temperature`)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+@torch.inference_mode()
+def generate_responses(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    eos_token_ids: tuple[int, ...],
+    temperature: float = 0.0,
+    seed: int = 0,
+    block_size: int = 16,
+    deadline: float | None = None,
+    progress: bool = True,
+) -> list[list[int] | None]:
+    """The target's responses to `prompts`, `batch_size` prompts per forward.
+
+    Prompts are shuffled (seeded) into rounds of `ROUND_BATCHES` batches, and sorted by
+    length within a round, so batches waste little padding and a deadline drops a random
+    share of the prompts, not the shortest. One paged cache sized for the longest prompt serves
+    every batch. A response ends after its first EOS (kept) or at `max_new_tokens`.
+
+    Args:
+        model: a `DecoderLM` (its device and dtype are used).
+        prompts: token ids per prompt (each non-empty).
+        deadline: `time.perf_counter()` value after which no new batch starts; prompts not
+            reached get None.
+    Returns:
+        responses in the order of `prompts` (None = not generated before the deadline).
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0")
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} and batch_size={batch_size} must be >= 1")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    out: list[list[int] | None] = [None] * len(prompts)
+    if not prompts:
+        return out
+    p0 = next(model.parameters())
+    device = p0.device
+    bs = min(batch_size, len(prompts))
+    shuffled = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
+    rounds = [shuffled[i : i + ROUND_BATCHES * bs] for i in range(0, len(shuffled), ROUND_BATCHES * bs)]
+    order = [i for r in rounds for i in sorted(r, key=lambda i: (-len(prompts[i]), i))]
+    max_len = max(len(p) for p in prompts) + max_new_tokens
+    cache = PagedKVCache(
+        model.config.num_layers,
+        model.num_kv_heads_per_layer,
+        model.head_dim,
+        max_batch_size=bs,
+        max_seq_len=max_len,
+        block_size=block_size,
+        device=device,
+        dtype=p0.dtype,
+    )
+    eos = torch.tensor(sorted(set(eos_token_ids)) or [-1], device=device)
+    generator = None
+    if temperature > 0:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+    chunks = [order[i : i + bs] for i in range(0, len(order), bs)]
+    bar = _progress(len(prompts), progress)
+    for chunk in chunks:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        b = len(chunk)
+        lens = [len(prompts[i]) for i in chunk]
+        T = max(lens)
+        for s in range(bs):
+            cache.free(s)
+        for s, L in enumerate(lens):
+            cache.reserve(s, L + max_new_tokens)
+        tokens = torch.zeros(b, T, dtype=torch.int64)
+        for s, i in enumerate(chunk):
+            tokens[s, : lens[s]] = torch.tensor(prompts[i])
+        tokens = tokens.to(device)
+        q_len = torch.tensor(lens, dtype=torch.int64, device=device)
+        slots = torch.arange(b, device=device)
+        batch = prefill_batch(cache, slots, torch.zeros_like(q_len), q_len, T)
+        logits = model(tokens, batch.positions, cache, batch, logits_index=(q_len - 1)[:, None]).logits[:, 0]
+        nxt = _pick(logits, temperature, generator)  # [b]
+        steps = [nxt]
+        done = torch.isin(nxt, eos)
+        cache_len = q_len.clone()
+        active = torch.ones(b, dtype=torch.bool, device=device)
+        for step in range(1, max_new_tokens):
+            batch = decode_batch(cache, cache_len, active)
+            logits = model(nxt[:, None], batch.positions, cache, batch).logits[:, 0]
+            nxt = torch.where(done, eos[0], _pick(logits, temperature, generator))
+            steps.append(nxt)
+            cache_len = cache_len + 1
+            done = done | torch.isin(nxt, eos)
+            if step % 16 == 0 and bool(done.all()):  # one host sync every 16 tokens
+                break
+        gen = torch.stack(steps, 1).cpu().tolist()  # [b, <= max_new_tokens]
+        eos_set = set(eos_token_ids)
+        for s, i in enumerate(chunk):
+            resp = gen[s]
+            cut = next((j + 1 for j, t in enumerate(resp) if t in eos_set), len(resp))
+            out[i] = resp[:cut]
+        if bar is not None:
+            bar.update(b)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generate", unit="resp", smoothing=0.1)
+
+
+def build_distill_data(
+    target,
+    prompts: list[Prompt],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    max_prompt_tokens: int = 512,
+    temperature: float = 0.0,
+    seed: int = 0,
+    deadline: float | None = None,
+    progress: bool = True,
+) -> DistillData:
+    """Encode `prompts`, let the target answer them, and pack prompt + response sequences.
+
+    Prompts longer than `max_prompt_tokens` are dropped; so are prompts not reached before
+    `deadline`. `meta` records counts, settings and the generation time.
+    """
+    start = time.perf_counter()
+    encoded, kept = [], []
+    for p in prompts:
+        ids = encode_prompt(p, target.tokenizer, target.info.vocab_size)
+        if 0 < len(ids) <= max_prompt_tokens:
+            encoded.append(ids)
+            kept.append(p)
+    responses = generate_responses(
+        target.model,
+        encoded,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        eos_token_ids=tuple(target.info.eos_token_ids),
+        temperature=temperature,
+        seed=seed,
+        deadline=deadline,
+        progress=progress,
+    )
+    seqs, prompt_lens, kinds = [], [], []
+    for ids, resp, p in zip(encoded, responses, kept):
+        if resp:
+            seqs.append(torch.tensor(ids + resp, dtype=torch.int32))
+            prompt_lens.append(len(ids))
+            kinds.append(p.kind)
+    seconds = time.perf_counter() - start
+    meta = dict(
+        prompts_asked=len(prompts),
+        prompts_too_long=len(prompts) - len(kept),
+        prompts_not_reached=sum(r is None for r in responses),
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        batch_size=batch_size,
+        seconds=round(seconds, 2),
+    )
+    data = DistillData.pack(seqs, prompt_lens, kinds, meta)
+    data.meta["response_tokens"] = data.num_response_tokens
+    data.meta["total_tokens"] = int(data.tokens.numel())
+    return data

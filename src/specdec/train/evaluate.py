@@ -1,0 +1,134 @@
+"""Evaluation of a draft head: mean acceptance length and speed on held-out prompts.
+
+Owns the standard setups (target-only; EAGLE-3 linear drafting with 5 draft tokens; EAGLE-3
+dynamic tree of depth 6, top-K 8, 48 draft nodes), running them through `SpecDecoder`
+(greedy), and the table. Acceptance length tau = tokens emitted per target forward after
+prefill, summed over prompts (sum of (new tokens - 1) / sum of steps), the same quantity as
+`GenerationStats.mean_accept_length`; it includes the bonus token, so target-only gives 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from specdec.config import SamplingParams, SpecConfig
+from specdec.decoder import SpecDecoder
+
+from .prompts import Prompt, encode_prompt
+
+__all__ = ["SETUPS", "evaluate_head", "format_table"]
+
+SETUPS = {
+    "target": ("target-only", SpecConfig(drafter="none")),
+    "linear": ("eagle3 linear D=5", SpecConfig(drafter="eagle3", tree="linear", max_draft_len=5)),
+    "tree": (
+        "eagle3 tree D=6 K=8 N=48",
+        SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
+    ),
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def evaluate_head(
+    target,
+    head,
+    prompts: list[Prompt],
+    *,
+    setups: tuple[str, ...] = ("target", "linear", "tree"),
+    batch_size: int = 16,
+    max_new_tokens: int = 128,
+    warmup: bool = True,
+    progress: bool = True,
+) -> list[dict]:
+    """Run every setup on `prompts` (greedy) and measure acceptance length and speed.
+
+    Args:
+        target: a loaded `Target` (its device and dtype are used).
+        head: the EAGLE-3 head: a checkpoint folder or an `Eagle3Model`.
+        setups: keys of `SETUPS`.
+    Returns:
+        one dict per setup: name, prompts, tau, tau_code, tau_chat, new_tokens, seconds,
+        tokens_per_s, same_as_target (share of outputs equal to target-only's, when run).
+    """
+    unknown = sorted(set(setups) - set(SETUPS))
+    if unknown:
+        raise ValueError(f"unknown setups {unknown}; allowed: {sorted(SETUPS)}")
+    if not prompts:
+        raise ValueError("evaluate_head needs at least one prompt")
+    device = next(target.model.parameters()).device
+    ids = [encode_prompt(p, target.tokenizer, target.info.vocab_size) for p in prompts]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    longest = max(len(x) for x in ids)
+    rows, reference = [], None
+    for key in setups:
+        name, base = SETUPS[key]
+        n_slots = base.num_tree_slots if key != "target" else 1
+        max_seq_len = -(-(longest + max_new_tokens + n_slots + 1) // 16) * 16
+        config = base.replace(max_batch_size=min(batch_size, len(ids)), max_seq_len=max_seq_len, kv_block_size=16)
+        draft = None if key == "target" else head
+        dec = SpecDecoder.from_pretrained(target, draft, config)
+        if warmup:  # Triton compilation and allocator warm-up stay out of the timing
+            dec.generate([ids[0]], dataclasses.replace(sampling, max_new_tokens=min(8, max_new_tokens)))
+        outputs, steps, seconds = [], [], 0.0
+        for start in range(0, len(ids), config.max_batch_size):
+            chunk = ids[start : start + config.max_batch_size]
+            _sync(device)
+            t0 = time.perf_counter()
+            results = dec.generate(chunk, sampling)
+            _sync(device)
+            seconds += time.perf_counter() - t0
+            outputs += [r.token_ids for r in results]
+            steps += [r.stats.steps for r in results]
+            if progress:
+                print(f"  [{name}] {min(start + len(chunk), len(ids))}/{len(ids)} prompts", flush=True)
+        del dec
+
+        def tau(sel) -> float:
+            s = sum(steps[i] for i in sel)
+            return sum(len(outputs[i]) - 1 for i in sel) / s if s else float("nan")
+
+        everything = range(len(ids))
+        row = {
+            "setup": key,
+            "name": name,
+            "prompts": len(ids),
+            "tau": tau(everything),
+            "tau_code": tau([i for i in everything if not prompts[i].chat]),
+            "tau_chat": tau([i for i in everything if prompts[i].chat]),
+            "new_tokens": sum(len(o) for o in outputs),
+            "seconds": seconds,
+            "tokens_per_s": sum(len(o) for o in outputs) / seconds if seconds else float("nan"),
+            "same_as_target": None,
+        }
+        if key == "target":
+            reference = outputs
+        elif reference is not None:
+            row["same_as_target"] = sum(a == b for a, b in zip(outputs, reference)) / len(ids)
+        rows.append(row)
+    base_speed = next((r["tokens_per_s"] for r in rows if r["setup"] == "target"), None)
+    for r in rows:
+        r["speedup"] = r["tokens_per_s"] / base_speed if base_speed else None
+    return rows
+
+
+def format_table(rows: list[dict], *, title: str = "") -> str:
+    """A Markdown table of `evaluate_head` rows."""
+    head = "| setup | prompts | tau (all) | tau (code) | tau (chat) | new tokens | tok/s | speedup | same as target |"
+    lines = ([title, ""] if title else []) + [head, "|" + "---|" * 9]
+
+    def f(x, fmt):
+        return "-" if x is None or x != x else format(x, fmt)
+
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['prompts']} | {f(r['tau'], '.2f')} | {f(r['tau_code'], '.2f')} | {f(r['tau_chat'], '.2f')} "
+            f"| {r['new_tokens']} | {f(r['tokens_per_s'], '.1f')} | {f(r['speedup'], '.2f')} | {f(r['same_as_target'], '.0%')} |"
+        )
+    return "\n".join(lines)

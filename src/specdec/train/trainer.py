@@ -1,0 +1,408 @@
+"""The EAGLE-3 training loop: head construction, AdamW with warmup + cosine, TTT steps, logs,
+resumable checkpoints in the official layout, and a wall-clock budget.
+
+Owns `TrainConfig`, `build_head` (shape from the target; draft vocabulary from the data;
+``lm_head`` rows and final ``norm`` copied from the target's by default, the rest random) and
+`train_eagle3`. Each step runs the target once (`teacher.teacher_forward`, no grad) and the
+head for `ttt_steps` unrolled steps (`ttt.ttt_unroll`), in bf16 autocast on CUDA (float32
+master weights) and float32 on the CPU.
+
+Checkpoints (``<work>/checkpoint/``): the head through the library's `save_eagle3` (official
+layout, float32, reloaded with `load_eagle3` on resume) plus ``trainer_state.pt`` (optimizer,
+step, data position, schedule length, RNG, log so far). Resuming checks that the data is the
+same. A time budget (`max_minutes`) is met by measuring the first steps and, if the planned
+steps would not fit, shortening the schedule once (so the cosine still ends at its floor);
+a hard stop at the deadline saves a checkpoint that a later call resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.config import resolve_capture_layers
+from specdec.drafters.eagle3_checkpoint import load_eagle3, save_eagle3
+from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model
+
+from .data import collate, epoch_batches, split_validation
+from .teacher import teacher_forward
+from .ttt import estimated_accept_length, ttt_unroll
+from .vocab import build_vocab_map, coverage, token_counts
+
+__all__ = ["TrainConfig", "TrainResult", "build_head", "train_eagle3", "lr_at"]
+
+STATE_FILE = "trainer_state.pt"
+PROBE_STEPS = 12  # steps timed before the schedule is fitted to the budget
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train. Sizes: Vd = draft_vocab_size; a batch holds <= batch_tokens padded tokens."""
+
+    draft_vocab_size: int = 4096
+    ttt_steps: int = 7
+    step_weight: float = 0.8  # loss weight of TTT step k is step_weight ** k
+    prompt_weight: float = 0.1  # loss weight of prompt tokens (responses weigh 1)
+    epochs: float = 4.0
+    max_steps: int | None = None  # overrides epochs
+    batch_tokens: int = 16384
+    max_len: int = 1024  # sequences are cut to this many tokens
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 40
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    init_std: float = 0.02
+    init_from_target: bool = True  # lm_head rows and final norm from the target's
+    fc_norm: bool = True  # per-chunk RMSNorm before fc (SpecForge layout): robust to massive activations
+    capture_layers: tuple[int, ...] | None = None  # output convention; None = (1, L//2-1, L-4)
+    seed: int = 0
+    max_minutes: float | None = None  # wall-clock budget of this call (None = none)
+    log_every: int = 10
+    val_fraction: float = 0.02
+    val_every: int = 100
+    val_batches: int = 8
+    ckpt_minutes: float = 2.0
+    amp: bool = True  # bf16 autocast on CUDA (ignored on the CPU)
+    compile: bool = False  # torch.compile the teacher forward and the TTT unroll
+
+    def __post_init__(self) -> None:
+        def bad(name, rng):
+            raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} is out of range; allowed: {rng}")
+
+        for name in ("draft_vocab_size", "ttt_steps", "batch_tokens", "log_every", "val_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(name, "int >= 1")
+        if self.max_len < 3:
+            bad("max_len", ">= 3")
+        if self.warmup_steps < 0 or self.val_batches < 0:
+            bad("warmup_steps" if self.warmup_steps < 0 else "val_batches", ">= 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            bad("max_steps", ">= 1 or None")
+        if not self.epochs > 0:
+            bad("epochs", "> 0")
+        if not self.lr > 0:
+            bad("lr", "> 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            bad("min_lr_ratio", "[0, 1]")
+        if not 0 < self.step_weight <= 1:
+            bad("step_weight", "(0, 1]")
+        if not 0 <= self.prompt_weight <= 1:
+            bad("prompt_weight", "[0, 1]")
+        if not self.grad_clip > 0:
+            bad("grad_clip", "> 0")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            bad("max_minutes", "> 0 or None")
+        if not 0 <= self.val_fraction < 1:
+            bad("val_fraction", "[0, 1)")
+
+
+@dataclass
+class TrainResult:
+    head: Eagle3Model
+    steps: int
+    total_steps: int
+    seconds: float
+    coverage: float  # share of (weighted) training targets inside the draft vocabulary
+    last: dict  # last train log record
+    last_val: dict | None
+    stopped_early: bool  # the time budget ended the run before its schedule
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Learning rate before optimizer step `step` (0-based): linear warmup, cosine to min_lr_ratio * lr."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, total - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def build_head(target, cfg: TrainConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Model:
+    """A fresh EAGLE-3 head shaped after `target` (one layer like the target's), with the vocab map."""
+    mc = target.config
+    layers = resolve_capture_layers(mc.num_layers, cfg.capture_layers)
+    hcfg = Eagle3Config(
+        hidden_size=mc.hidden_size,
+        intermediate_size=mc.intermediate_size,
+        num_attention_heads=mc.num_heads,
+        num_key_value_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        vocab_size=mc.vocab_size,
+        draft_vocab_size=int(d2t.shape[0]),
+        target_hidden_size=mc.hidden_size,
+        num_capture=len(layers),
+        rms_norm_eps=mc.rms_norm_eps,
+        rope=mc.rope,
+        max_position_embeddings=mc.max_position_embeddings,
+        capture_layers=layers,
+        fc_norm=cfg.fc_norm,
+    )
+    head = Eagle3Model(hcfg)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight") or name.startswith("fc_norm."):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * cfg.init_std)
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+        if cfg.init_from_target:
+            used = torch.arange(hcfg.draft_vocab_size) + d2t
+            head.lm_head.weight.copy_(target.model.lm_head.weight.detach().float().cpu()[used])
+            head.norm.weight.copy_(target.model.norm.weight.detach().float().cpu())
+    return head
+
+
+def _fingerprint(data) -> str:
+    h = hashlib.sha1()
+    h.update(data.tokens.numpy().tobytes())
+    h.update(data.offsets.numpy().tobytes())
+    h.update(data.prompt_lens.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _save_checkpoint(work: Path, head: Eagle3Model, state: dict) -> None:
+    tmp, final, old = work / "checkpoint.tmp", work / "checkpoint", work / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_eagle3(head, tmp)  # float32, official layout
+    torch.save(state, tmp / STATE_FILE)
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _log(path: Path | None, record: dict) -> None:
+    if path is not None:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def train_eagle3(
+    target,
+    data,
+    cfg: TrainConfig,
+    *,
+    work_dir,
+    log_path=None,
+    resume: bool = True,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train an EAGLE-3 head for `target` on `data` (`DistillData`).
+
+    Args:
+        target: a loaded `specdec.models.Target` (frozen; its device decides where training runs).
+        work_dir: holds ``checkpoint/`` (resumable state).
+        log_path: JSON-lines log (appended; one record per `log_every` steps and per validation).
+        resume: continue from ``work_dir/checkpoint`` when it exists.
+        stop_after: end this call after that many optimizer steps (checkpointed; the next call
+            resumes and the result is the same as one uninterrupted run).
+    Returns:
+        `TrainResult` with the trained head (float32, on the target's device).
+    """
+    t_start = time.perf_counter()
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    log_path = Path(log_path) if log_path is not None else None
+    device = next(target.model.parameters()).device
+    use_amp = cfg.amp and device.type == "cuda"
+    torch.manual_seed(cfg.seed)
+    if len(data) < 2:
+        raise ValueError(f"{len(data)} training sequences; need at least 2")
+
+    train_idx, val_idx = split_validation(len(data), cfg.val_fraction, cfg.seed)
+    train_data = data.subset(train_idx)
+    val_data = data.subset(val_idx) if val_idx else None
+    counts = token_counts(train_data, target.info.vocab_size, prompt_weight=cfg.prompt_weight)
+    fingerprint = _fingerprint(data)
+    ckpt = work / "checkpoint"
+    state = None
+    if resume and (ckpt / STATE_FILE).is_file():
+        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+        if state["data_fingerprint"] != fingerprint:
+            raise ValueError(
+                f"{ckpt} was trained on other data (fingerprint {state['data_fingerprint'][:12]} != "
+                f"{fingerprint[:12]}); pass resume=False (--no-resume) or another work dir"
+            )
+        head = load_eagle3(ckpt, device="cpu", dtype=torch.float32)
+        if head.config.draft_vocab_size != cfg.draft_vocab_size:
+            raise ValueError(
+                f"{ckpt} has draft_vocab_size={head.config.draft_vocab_size}, the config asks for {cfg.draft_vocab_size}"
+            )
+    else:
+        d2t, t2d = build_vocab_map(counts, cfg.draft_vocab_size)
+        head = build_head(target, cfg, d2t, t2d)
+    head = head.to(device).train()
+    cover = coverage(counts, head.t2d.cpu())
+    layers = head.config.capture_layers
+
+    opt = torch.optim.AdamW(
+        head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=device.type == "cuda"
+    )
+    lengths = train_data.lengths.tolist()
+
+    def batches_of(epoch: int) -> list[list[int]]:
+        return epoch_batches(lengths, cfg.batch_tokens, seed=cfg.seed, epoch=epoch, max_len=cfg.max_len)
+
+    per_epoch = len(batches_of(0))
+    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch))
+    step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        step, epoch, pos = state["step"], state["epoch"], state["pos"]
+        total, elapsed_before = state["total_steps"], state["elapsed"]
+        torch.set_rng_state(state["rng"])
+    batches = batches_of(epoch)
+    val_list = []
+    if val_data is not None and cfg.val_batches:
+        val_list = epoch_batches(val_data.lengths.tolist(), cfg.batch_tokens, seed=cfg.seed, epoch=0, max_len=cfg.max_len)
+        val_list = val_list[: cfg.val_batches]
+
+    teacher_fn, unroll_fn = teacher_forward, ttt_unroll
+    if cfg.compile:
+        teacher_fn = torch.compile(teacher_forward, dynamic=True)
+        unroll_fn = torch.compile(ttt_unroll, dynamic=True)
+    embed = target.model.embed
+    target_ids = head.target_ids()
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else torch.autocast("cpu", enabled=False)
+
+    def run(batch, *, train: bool):
+        with autocast():
+            teacher = teacher_fn(target.model, batch.tokens, layers, target_ids)
+            return unroll_fn(
+                head, embed, teacher.captured, batch.tokens, teacher.logits, teacher.argmax, batch.weights,
+                batch.response, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
+            )
+
+    def validate() -> dict | None:
+        if not val_list:
+            return None
+        head.eval()
+        S = cfg.ttt_steps
+        loss = torch.zeros((), device=device)
+        correct, count = torch.zeros(S, device=device), torch.zeros(S, device=device)
+        with torch.no_grad():
+            for idx in val_list:
+                batch = collate(val_data, idx, max_len=cfg.max_len, prompt_weight=cfg.prompt_weight).to(device)
+                res = run(batch, train=False)
+                loss += res.loss.detach()
+                correct += res.correct
+                count += res.count
+        head.train()
+        acc = (correct / count.clamp_min(1)).tolist()
+        return {"kind": "val", "step": step, "loss": float(loss) / len(val_list), "step_acc": acc,
+                "est_tau": estimated_accept_length(acc)}
+
+    deadline = None if cfg.max_minutes is None else t_start + 60 * cfg.max_minutes
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=step, desc="train", unit="step", smoothing=0.05)
+    S = cfg.ttt_steps
+    acc_loss = torch.zeros((), device=device)
+    acc_step_loss, acc_correct, acc_count = (torch.zeros(S, device=device) for _ in range(3))
+    acc_tokens, acc_n, t_log = 0, 0, time.perf_counter()
+    last, last_val, stopped_early = {}, None, False
+    probe_start, probe_from = None, step
+    last_ckpt = time.perf_counter()
+
+    def save():
+        _save_checkpoint(work, head, {
+            "optimizer": opt.state_dict(), "step": step, "epoch": epoch, "pos": pos, "total_steps": total,
+            "elapsed": elapsed_before + time.perf_counter() - t_start, "rng": torch.get_rng_state(),
+            "data_fingerprint": fingerprint, "config": dataclasses.asdict(cfg),
+        })
+
+    steps_this_call = 0
+    while step < total:
+        if stop_after is not None and steps_this_call >= stop_after:
+            stopped_early = True
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            stopped_early = True
+            break
+        if step - probe_from == 3:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            probe_start = time.perf_counter()
+        if deadline is not None and probe_start is not None and step - probe_from == 3 + PROBE_STEPS:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            per_step = (time.perf_counter() - probe_start) / PROBE_STEPS
+            fit = step + int(0.95 * (deadline - time.perf_counter()) / per_step)
+            if fit < total:
+                print(f"[train] {per_step * 1000:.0f} ms/step: the schedule of {total} steps does not fit "
+                      f"max_minutes={cfg.max_minutes}; shortened to {fit} steps")
+                total = max(step + 1, fit)
+                if bar is not None:
+                    bar.total = total
+                    bar.refresh()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total, cfg)
+        batch = collate(train_data, batches[pos], max_len=cfg.max_len, prompt_weight=cfg.prompt_weight).to(device)
+        res = run(batch, train=True)
+        res.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        steps_this_call += 1
+        pos += 1
+        if pos == len(batches):
+            epoch, pos = epoch + 1, 0
+            batches = batches_of(epoch)
+        acc_loss += res.loss.detach()
+        acc_step_loss += res.step_loss
+        acc_correct += res.correct
+        acc_count += res.count
+        acc_tokens += batch.num_tokens
+        acc_n += 1
+        if bar is not None:
+            bar.update(1)
+        if step % cfg.log_every == 0 or step == total:
+            now = time.perf_counter()
+            acc = (acc_correct / acc_count.clamp_min(1)).tolist()
+            last = {
+                "kind": "train", "step": step, "epoch": round(epoch + pos / max(1, len(batches)), 3),
+                "lr": lr_at(step - 1, total, cfg), "loss": float(acc_loss) / acc_n,
+                "step_loss": (acc_step_loss / acc_n).tolist(), "step_acc": acc, "est_tau": estimated_accept_length(acc),
+                "grad_norm": float(grad_norm), "tokens_per_s": acc_tokens / max(1e-9, now - t_log),
+                "elapsed_s": round(elapsed_before + now - t_start, 1),
+            }
+            _log(log_path, last)
+            if bar is not None:
+                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{acc[0]:.3f}", tau=f"{last['est_tau']:.2f}")
+            acc_loss.zero_(), acc_step_loss.zero_(), acc_correct.zero_(), acc_count.zero_()
+            acc_tokens, acc_n, t_log = 0, 0, time.perf_counter()
+        if step % cfg.val_every == 0 or step == total:
+            val = validate()
+            if val is not None:
+                last_val = val
+                _log(log_path, val)
+        if time.perf_counter() - last_ckpt > 60 * cfg.ckpt_minutes:
+            save()
+            last_ckpt = time.perf_counter()
+    if bar is not None:
+        bar.close()
+    save()
+    head.eval()
+    return TrainResult(head, step, total, elapsed_before + time.perf_counter() - t_start, cover, last, last_val, stopped_early)
