@@ -59,6 +59,21 @@ def row_sum_f64(row_ptr, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _masked_block(row_ptr, idx, V, tok_ptr, sib_ptr, first_child, N, MASK_CHILDREN: tl.constexpr):
+    """(w, base): a block of the row in float64, w with the children's tokens zeroed."""
+    base = tl.load(row_ptr + idx, mask=idx < V, other=0.0).to(tl.float64)
+    w = base
+    if MASK_CHILDREN:
+        c = first_child
+        k = 0
+        while (c >= 0) & (k < N):
+            w = tl.where(idx == tl.load(tok_ptr + c), 0.0, w)
+            c = tl.load(sib_ptr + c)
+            k += 1
+    return w, base
+
+
+@triton.jit
 def sample_row(
     row_ptr,  # contiguous row of V weights
     thr,  # float64 scalar, u * total
@@ -70,32 +85,42 @@ def sample_row(
     MASK_CHILDREN: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """The rule of the module docstring over w = row (with the children's tokens zeroed if
-    MASK_CHILDREN); stops reading the row at the block holding the draw."""
+    """The rule of the module docstring over w = row (children's tokens zeroed if MASK_CHILDREN).
+
+    Phase 1 streams block sums until the running float64 sum passes `thr` (one reduction per
+    block, reading only up to the draw); phase 2 scans that one block. If the block's own
+    cumsum never passes `thr` (a last-bit difference between the block sum and its cumsum),
+    its last positive index is taken. The fallbacks of the rule cost one more pass and only
+    run when no block passes `thr`.
+    """
     offs = tl.arange(0, BLOCK_V)
-    t_hit = tl.full([], V, tl.int64)
-    last_w = tl.full([], -1, tl.int64)
-    last_base = tl.full([], -1, tl.int64)
     running = tl.zeros([], tl.float64)
     v0 = 0
-    while (v0 < V) & (t_hit >= V):
+    found = 0
+    while (v0 < V) & (found == 0):
+        w, base = _masked_block(row_ptr, v0 + offs, V, tok_ptr, sib_ptr, first_child, N, MASK_CHILDREN)
+        block = tl.sum(w, axis=0)
+        if running + block > thr:
+            found = 1
+        else:
+            running += block
+            v0 += BLOCK_V
+    if found != 0:
         idx = v0 + offs
-        in_row = idx < V
-        base = tl.load(row_ptr + idx, mask=in_row, other=0.0).to(tl.float64)  # [BLOCK_V]
-        w = base
-        if MASK_CHILDREN:
-            c = first_child
-            k = 0
-            while (c >= 0) & (k < N):
-                w = tl.where(idx == tl.load(tok_ptr + c), 0.0, w)
-                c = tl.load(sib_ptr + c)
-                k += 1
+        w, base = _masked_block(row_ptr, idx, V, tok_ptr, sib_ptr, first_child, N, MASK_CHILDREN)
         cum = tl.cumsum(w, axis=0) + running
-        first = tl.min(tl.where((cum > thr) & (w > 0.0) & in_row, idx, V), axis=0)
-        t_hit = tl.minimum(t_hit, first.to(tl.int64))
-        last_w = tl.maximum(last_w, tl.max(tl.where(w > 0.0, idx, -1), axis=0).to(tl.int64))
-        last_base = tl.maximum(last_base, tl.max(tl.where(base > 0.0, idx, -1), axis=0).to(tl.int64))
-        running += tl.sum(w, axis=0)
-        v0 += BLOCK_V
-    fallback = tl.where(last_w >= 0, last_w, tl.maximum(last_base, 0))
-    return tl.where(t_hit < V, t_hit, fallback)
+        first = tl.min(tl.where((cum > thr) & (w > 0.0), idx, V), axis=0)
+        last = tl.max(tl.where(w > 0.0, idx, -1), axis=0)
+        t = tl.where(first < V, first, last).to(tl.int64)
+    else:  # u * total rounded past the last partial sum, or nothing positive: the fallbacks
+        last_w = tl.full([], -1, tl.int64)
+        last_base = tl.full([], -1, tl.int64)
+        v0 = 0
+        while v0 < V:
+            idx = v0 + offs
+            w, base = _masked_block(row_ptr, idx, V, tok_ptr, sib_ptr, first_child, N, MASK_CHILDREN)
+            last_w = tl.maximum(last_w, tl.max(tl.where(w > 0.0, idx, -1), axis=0).to(tl.int64))
+            last_base = tl.maximum(last_base, tl.max(tl.where(base > 0.0, idx, -1), axis=0).to(tl.int64))
+            v0 += BLOCK_V
+        t = tl.where(last_w >= 0, last_w, tl.maximum(last_base, 0))
+    return t

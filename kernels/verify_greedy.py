@@ -62,21 +62,25 @@ def verify_greedy_torch(
 
 @triton.jit
 def _row_argmax(row_ptr, V, BLOCK_V: tl.constexpr):
-    """Index of the maximum of a row; ties -> lowest index (strict > across blocks)."""
+    """Index of the maximum of a row; ties -> lowest index.
+
+    Each lane keeps its own running maximum (strict >, so its earliest index) while
+    streaming; one reduction at the end picks the lowest index among the lanes holding the
+    maximum. The streaming loop has no cross-thread reduction.
+    """
     offs = tl.arange(0, BLOCK_V)
-    best = tl.full([], float("-inf"), tl.float32)
-    best_idx = tl.zeros([], tl.int64)
+    best = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_idx = offs
     v0 = 0
     while v0 < V:
         idx = v0 + offs
         x = tl.load(row_ptr + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        i = tl.min(tl.where((x == m) & (idx < V), idx, V), axis=0).to(tl.int64)
-        take = m > best
-        best_idx = tl.where(take, i, best_idx)
-        best = tl.where(take, m, best)
+        take = x > best
+        best_idx = tl.where(take, idx, best_idx)
+        best = tl.where(take, x, best)
         v0 += BLOCK_V
-    return best_idx
+    top = tl.max(best, axis=0)
+    return tl.min(tl.where(best == top, best_idx, V), axis=0).to(tl.int64)
 
 
 @triton.jit
@@ -155,7 +159,7 @@ def verify_greedy_triton(
         V,
         FROM_ARGMAX=target.dim() == 2,
         BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_V=min(4096, triton.next_power_of_2(V)),
-        num_warps=8,
+        BLOCK_V=min(8192, triton.next_power_of_2(V)),
+        num_warps=16,
     )
     return accept_length, accept_nodes, accept_tokens

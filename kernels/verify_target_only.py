@@ -176,6 +176,6 @@ def verify_target_only_triton(
         V,
         BLOCK_N=triton.next_power_of_2(N),
         BLOCK_V=min(4096, triton.next_power_of_2(V)),
-        num_warps=8,
+        num_warps=16,
     )
     return accept_length, accept_nodes, accept_tokens

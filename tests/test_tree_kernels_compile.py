@@ -28,6 +28,7 @@ I64, I32 = "*i64", "i32"
 WALK = dict(tokens_ptr=I64, next_tok_ptr=I64, next_sib_ptr=I64)
 OUTS = dict(len_ptr=I64, nodes_ptr=I64, out_tok_ptr=I64, N=I32, V=I32)
 
+WARPS = {"verify_greedy_logits": 16, "verify_target_only": 16}  # as the launchers use
 CASES = {
     "build_tree": (
         tree_build._build_tree_kernel,
@@ -37,7 +38,7 @@ CASES = {
     "verify_greedy_logits": (
         verify_greedy._verify_greedy_kernel,
         dict(**WALK, target_ptr="*bf16", **OUTS),
-        dict(FROM_ARGMAX=False, BLOCK_N=256, BLOCK_V=4096),
+        dict(FROM_ARGMAX=False, BLOCK_N=256, BLOCK_V=8192),
     ),
     "verify_greedy_argmax": (
         verify_greedy._verify_greedy_kernel,
@@ -52,7 +53,7 @@ CASES = {
     "verify_speculative": (
         verify_speculative._verify_speculative_kernel,
         dict(**WALK, probs_ptr="*fp32", draft_ptr="*fp32", u_ptr="*fp32", scratch_ptr="*fp32", **OUTS),
-        dict(BLOCK_N=16, BLOCK_V=4096),
+        dict(BLOCK_N=256, BLOCK_V=4096),
     ),
 }
 
@@ -60,7 +61,7 @@ CASES = {
 def compile_case(name: str) -> None:
     fn, signature, constexprs = CASES[name]
     src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=WARPS.get(name, 8)))
     assert len(compiled.asm["cubin"]) > 0, name
     if name == "verify_speculative":  # bit-exactness with the reference needs IEEE float64 division
         assert "div.rn.f64" in compiled.asm["ptx"], name
