@@ -11,6 +11,9 @@ import torch
 if not torch.cuda.is_available():
     # Triton kernels run under the interpreter on CPU; must be set before triton is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The tests run many tiny matmuls: OpenMP threads only add overhead, and on a loaded
+    # 2-core machine oversubscription slowed them ~100x (measured). One thread is steady.
+    torch.set_num_threads(1)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
@@ -21,6 +24,22 @@ settings.register_profile("gpu", max_examples=500, print_blob=True, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 import pytest  # noqa: E402
+
+
+def _import_all_kernels() -> None:
+    """Triton decides at `@triton.jit` time whether a kernel is interpreted: import every
+    kernel now, while TRITON_INTERPRET is set, so a test that switches the ops to their
+    torch references (TRITON_INTERPRET=0) cannot leave later tests with uncompilable kernels."""
+    import importlib
+    import pkgutil
+
+    import specdec.kernels
+
+    for info in pkgutil.iter_modules(specdec.kernels.__path__):
+        importlib.import_module(f"specdec.kernels.{info.name}")
+
+
+_import_all_kernels()
 
 
 @pytest.fixture

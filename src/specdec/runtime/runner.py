@@ -105,7 +105,7 @@ class ModelRunner:
         hidden = None
         if self.capture is not None:
             rows = self.capture.row_index(num_nodes, tokens.shape[1])  # [B, N]; padding -> sink row
-            hidden = self.capture._storage[rows]  # [B, N, d*nc]
+            hidden = self.capture.gather(rows)  # [B, N, d*nc]
         elif self.keep_last_hidden:
             hidden = out.last_hidden  # [B, N, d]
         return out.logits, hidden
