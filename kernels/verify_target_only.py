@@ -41,8 +41,9 @@ def verify_target_only_torch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference: one tested child per request per iteration, vectorized over the batch.
 
-    Loops at most N - 1 times and stops when every request is done (one host sync per
-    iteration; the kernel has none).
+    Loops at most N - 1 times; in eager mode it stops once every request is done (one host
+    sync per iteration), under torch.compile it runs all N - 1 rounds (no sync, no graph
+    break). The kernel has no sync either way.
     """
     B, N, V = target_probs.shape
     dev = tokens.device
@@ -56,8 +57,8 @@ def verify_target_only_torch(
     num_rejected = torch.zeros(B, dtype=torch.int64, device=dev)
     for _ in range(N - 1):
         live = cand >= 0
-        if not bool(live.any()):
-            break
+        if not torch.compiler.is_compiling() and not bool(live.any()):
+            break  # eager: stop when every request is done (compiled: a fixed N - 1 rounds)
         c = cand.clamp(min=0)
         x = tokens[rows, c]  # [B]
         dup = (rejected == x[:, None]).any(-1)
