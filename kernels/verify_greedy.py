@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .walk_common import empty_acceptance
+from .walk_common import empty_acceptance, init_acceptance_row
 
 __all__ = ["verify_greedy_torch", "verify_greedy_triton"]
 
@@ -96,14 +96,13 @@ def _verify_greedy_kernel(
     N,
     V,
     FROM_ARGMAX: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """One program per request walks its accepted path."""
     b = tl.program_id(0).to(tl.int64)
-    ar = tl.arange(0, BLOCK_N)
-    path = tl.where(ar == 0, 0, -1).to(tl.int64)  # [BLOCK_N]
-    toks = tl.full([BLOCK_N], -1, tl.int64)
+    nodes_row = nodes_ptr + b * N
+    out_row = out_tok_ptr + b * N
+    init_acceptance_row(nodes_row, out_row, N)
     tok_row = tokens_ptr + b * N
     nt_row = next_tok_ptr + b * N
     ns_row = next_sib_ptr + b * N
@@ -124,15 +123,13 @@ def _verify_greedy_kernel(
             k += 1
         if (found >= 0) & (n < N - 1):
             n += 1
-            path = tl.where(ar == n, found, path)
-            toks = tl.where(ar == n - 1, want, toks)
+            tl.store(nodes_row + n, found)
+            tl.store(out_row + n - 1, want)
             cur = found
         else:
-            toks = tl.where(ar == n, want, toks)
+            tl.store(out_row + n, want)  # the bonus token
             done = 1
     tl.store(len_ptr + b, n)
-    tl.store(nodes_ptr + b * N + ar, path, mask=ar < N)
-    tl.store(out_tok_ptr + b * N + ar, toks, mask=ar < N)
 
 
 @triton_op("specdec::verify_greedy", mutates_args=())
@@ -159,8 +156,7 @@ def verify_greedy_triton(
         N,
         V,
         FROM_ARGMAX=target.dim() == 2,
-        BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_V=min(8192, triton.next_power_of_2(V)),
+        BLOCK_V=8192,
         num_warps=16,
     )
     return accept_length, accept_nodes, accept_tokens

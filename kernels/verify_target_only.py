@@ -27,7 +27,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .sample_rule import row_sum_f64, sample_index_torch, sample_row
-from .walk_common import empty_acceptance
+from .walk_common import empty_acceptance, init_acceptance_row
 
 __all__ = ["verify_target_only_torch", "verify_target_only_triton"]
 
@@ -100,14 +100,13 @@ def _verify_target_only_kernel(
     out_tok_ptr,
     N,
     V,
-    BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """One program per request; reads full vocab rows only at the nodes of its path."""
     b = tl.program_id(0).to(tl.int64)
-    ar = tl.arange(0, BLOCK_N)
-    path = tl.where(ar == 0, 0, -1).to(tl.int64)  # [BLOCK_N]
-    toks = tl.full([BLOCK_N], -1, tl.int64)
+    nodes_row = nodes_ptr + b * N
+    out_row = out_tok_ptr + b * N
+    init_acceptance_row(nodes_row, out_row, N)
     tok_row = tokens_ptr + b * N
     nt_row = next_tok_ptr + b * N
     ns_row = next_sib_ptr + b * N
@@ -133,8 +132,8 @@ def _verify_target_only_kernel(
         coin = tl.load(u_row + cand * 2).to(tl.float64)
         if coin * mass < px:
             n += 1
-            path = tl.where(ar == n, cand, path)
-            toks = tl.where(ar == n - 1, x, toks)
+            tl.store(nodes_row + n, cand)
+            tl.store(out_row + n - 1, x)
             cur = cand
             mass = row_sum_f64(p_base + cur * V, V, BLOCK_V)
             cand = tl.load(nt_row + cur)
@@ -145,10 +144,8 @@ def _verify_target_only_kernel(
 
     thr = tl.load(u_row + cur * 2 + 1).to(tl.float64) * mass
     t = sample_row(p_base + cur * V, thr, V, tok_row, ns_row, tl.load(nt_row + cur), N, True, BLOCK_V)
-    toks = tl.where(ar == n, t, toks)
+    tl.store(out_row + n, t)  # the bonus / correction token
     tl.store(len_ptr + b, n)
-    tl.store(nodes_ptr + b * N + ar, path, mask=ar < N)
-    tl.store(out_tok_ptr + b * N + ar, toks, mask=ar < N)
 
 
 @triton_op("specdec::verify_target_only", mutates_args=())
@@ -175,8 +172,7 @@ def verify_target_only_triton(
         accept_tokens,
         N,
         V,
-        BLOCK_N=triton.next_power_of_2(N),
-        BLOCK_V=min(4096, triton.next_power_of_2(V)),
+        BLOCK_V=4096,
         num_warps=16,
     )
     return accept_length, accept_nodes, accept_tokens

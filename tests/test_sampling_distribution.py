@@ -89,7 +89,7 @@ def _tree(parents: list[int], n: int) -> TreeMeta:
 
 
 # ------------------------------------------------------------------------- first token
-@ci_examples(6)
+@ci_examples(6, gpu=40)
 @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(8, 16), slots=st.integers(2, 12), dups=st.booleans())
 def test_first_token_of_target_only_follows_the_target(seed, vocab, slots, dups):
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -114,16 +114,18 @@ def test_first_token_of_target_only_follows_the_target(seed, vocab, slots, dups)
     assert_follows(acc.accept_tokens[:, 0], _law(target[0]), "target-only first token")
 
 
-def _sample_children(g, parents: list[int], draft: torch.Tensor, n: int) -> torch.Tensor:
-    """[n, N] tokens: each node's token drawn i.i.d. from its parent's draft row, per trial."""
-    tokens = torch.zeros(n, len(parents), dtype=torch.int64)
-    tokens[:, 0] = torch.randint(0, draft.shape[-1], (n,), generator=g)
+def _sample_children(seed: int, parents: list[int], draft: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, N] tokens on DEVICE: each node's token drawn i.i.d. from its parent's draft row, per trial."""
+    g = torch.Generator(DEVICE).manual_seed(seed + 101)  # a stream apart from the verifier's draws
+    draft = draft.to(DEVICE)
+    tokens = torch.zeros(n, len(parents), dtype=torch.int64, device=DEVICE)
+    tokens[:, 0] = torch.randint(0, draft.shape[-1], (n,), generator=g, device=DEVICE)
     for i in range(1, len(parents)):
         tokens[:, i] = torch.multinomial(draft[parents[i]], n, replacement=True, generator=g)
     return tokens
 
 
-@ci_examples(6)
+@ci_examples(6, gpu=40)
 @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(8, 16), slots=st.integers(2, 12))
 def test_first_token_of_speculative_sampling_follows_the_target(seed, vocab, slots):
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -132,9 +134,9 @@ def test_first_token_of_speculative_sampling_follows_the_target(seed, vocab, slo
     target = _dist(g, (slots, vocab), sparsity=0.25)
     mix = rng.random()  # the draft resembles the target to a random degree; q(x) = 0 where p(x) > 0 happens
     draft = mix * target + (1 - mix) * _dist(g, (slots, vocab), sparsity=0.5)
-    tokens = _sample_children(g, parents, draft, TRIALS)  # siblings i.i.d., duplicates included
+    tokens = _sample_children(seed, parents, draft, TRIALS)  # siblings i.i.d., duplicates included
     acc = verify_speculative(
-        tokens.to(DEVICE),
+        tokens,
         _tree(parents, TRIALS),
         _replicate(target, TRIALS),
         _replicate(draft, TRIALS),
@@ -148,9 +150,10 @@ def test_first_token_of_speculative_sampling_follows_the_target(seed, vocab, slo
 def _complete_second_token(acc, cond: torch.Tensor, seed: int) -> torch.Tensor:
     """Second emitted token: from this step when a draft was accepted, else what the next
     step's first token would be, a direct draw from the target row cond[first token]."""
-    first = acc.accept_tokens[:, 0].cpu()
-    fresh = sample_from_probs(cond[first].double(), torch.rand(first.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64))
-    return torch.where(acc.accept_length.cpu() >= 1, acc.accept_tokens[:, 1].cpu(), fresh)
+    first = acc.accept_tokens[:, 0]
+    u = torch.rand(first.shape, generator=torch.Generator(DEVICE).manual_seed(seed + 202), device=DEVICE, dtype=torch.float64)
+    fresh = sample_from_probs(cond.to(DEVICE)[first].double(), u)
+    return torch.where(acc.accept_length >= 1, acc.accept_tokens[:, 1], fresh)
 
 
 def _chain_law(p0: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -160,7 +163,7 @@ def _chain_law(p0: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("verifier", ["target-only", "speculative"])
-@ci_examples(4)
+@ci_examples(4, gpu=20)
 @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(6, 8))
 def test_first_two_tokens_along_a_chain_follow_the_target_jointly(verifier, seed, vocab):
     """Chain root -> x1 -> x2; the target at x1 is the conditional row cond[x1]."""
@@ -171,23 +174,25 @@ def test_first_two_tokens_along_a_chain_follow_the_target_jointly(verifier, seed
     tail = _dist(g, (vocab, vocab), 0.2)  # target at node 2, given its token (third token)
     q0 = 0.5 * p0 + 0.5 * _dist(g, (vocab,), 0.3)
     q1 = 0.5 * cond + 0.5 * _dist(g, (vocab, vocab), 0.3)
+    p0, cond, tail, q0, q1 = (t.to(DEVICE) for t in (p0, cond, tail, q0, q1))
     if verifier == "target-only":  # fixed drafts: the target's favourite tokens
-        x1 = torch.full((n,), int(p0.argmax()))
-        x2 = torch.full((n,), int(cond[x1[0]].argmax()))
+        x1 = torch.full((n,), int(p0.argmax()), device=DEVICE)
+        x2 = torch.full((n,), int(cond[int(p0.argmax())].argmax()), device=DEVICE)
     else:  # sampled drafts
-        x1 = torch.multinomial(q0, n, replacement=True, generator=g)
-        x2 = torch.multinomial(q1[x1], 1, generator=g)[:, 0]
-    tokens = torch.stack([torch.zeros(n, dtype=torch.int64), x1, x2], 1).to(DEVICE)
-    target = torch.stack([p0.expand(n, vocab), cond[x1], tail[x2]], 1).to(DEVICE)
+        gd = torch.Generator(DEVICE).manual_seed(seed + 101)  # apart from the verifier's draws
+        x1 = torch.multinomial(q0, n, replacement=True, generator=gd)
+        x2 = torch.multinomial(q1[x1], 1, generator=gd)[:, 0]
+    tokens = torch.stack([torch.zeros_like(x1), x1, x2], 1)
+    target = torch.stack([p0.expand(n, vocab), cond[x1], tail[x2]], 1)
     tree = _tree([-1, 0, 1], n)
     gen = torch.Generator(DEVICE).manual_seed(seed)
     if verifier == "target-only":
         acc = verify_target_only(tokens, tree, target, generator=gen, impl=IMPL)
     else:
-        draft = torch.stack([q0.expand(n, vocab), q1[x1], q1[x2]], 1).to(DEVICE)
+        draft = torch.stack([q0.expand(n, vocab), q1[x1], q1[x2]], 1)
         acc = verify_speculative(tokens, tree, target, draft, generator=gen, impl=IMPL)
     second = _complete_second_token(acc, cond, seed)
-    pair = acc.accept_tokens[:, 0].cpu() * vocab + second
+    pair = acc.accept_tokens[:, 0] * vocab + second
     assert_follows(pair, _chain_law(p0, cond), f"{verifier} joint of two tokens")
     if verifier == "speculative":  # acceptance rate of x1 = sum min(p, q), Hoeffding bound
         rate = float((acc.accept_length >= 1).double().mean())

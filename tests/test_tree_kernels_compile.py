@@ -38,22 +38,22 @@ CASES = {
     "verify_greedy_logits": (
         verify_greedy._verify_greedy_kernel,
         dict(**WALK, target_ptr="*bf16", **OUTS),
-        dict(FROM_ARGMAX=False, BLOCK_N=256, BLOCK_V=8192),
+        dict(FROM_ARGMAX=False, BLOCK_V=8192),
     ),
     "verify_greedy_argmax": (
         verify_greedy._verify_greedy_kernel,
         dict(**WALK, target_ptr=I64, **OUTS),
-        dict(FROM_ARGMAX=True, BLOCK_N=64, BLOCK_V=1),
+        dict(FROM_ARGMAX=True, BLOCK_V=8192),
     ),
     "verify_target_only": (
         verify_target_only._verify_target_only_kernel,
         dict(**WALK, probs_ptr="*fp32", u_ptr="*fp64", **OUTS),
-        dict(BLOCK_N=256, BLOCK_V=4096),
+        dict(BLOCK_V=4096),
     ),
     "verify_speculative": (
         verify_speculative._verify_speculative_kernel,
         dict(**WALK, probs_ptr="*fp32", draft_ptr="*fp32", u_ptr="*fp32", scratch_ptr="*fp32", **OUTS),
-        dict(BLOCK_N=256, BLOCK_V=4096),
+        dict(BLOCK_V=4096),
     ),
 }
 

@@ -98,10 +98,10 @@ def trees(draw, max_batch: int = 8, max_slots: int = 256) -> Trees:
     return make_trees(batch, slots, shape, seed, padded=draw(st.booleans()))
 
 
-def ci_examples(count: int) -> settings:
-    """Settings for a test whose examples are slow under the interpreter: `count` examples on
-    CPU, the profile's number on GPU."""
-    return settings(max_examples=settings.default.max_examples if FULL else count)
+def ci_examples(count: int, gpu: int | None = None) -> settings:
+    """Settings for a test whose examples are slow: `count` examples on CPU (interpreted
+    kernels), `gpu` (default: the profile's number) on a CUDA machine."""
+    return settings(max_examples=(gpu or settings.default.max_examples) if FULL else count)
 
 
 def kernel_sizes(full: tuple[int, int], small: tuple[int, int]) -> tuple[int, int]:
