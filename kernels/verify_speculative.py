@@ -65,7 +65,7 @@ def verify_speculative_torch(
         if not torch.compiler.is_compiling() and not bool(live.any()):
             break  # eager: stop when every request is done (compiled: a fixed N - 1 rounds)
         c = cand.clamp(min=0)
-        x = tokens[rows, c]  # [B]
+        x = torch.where(live, tokens[rows, c], 0)  # [B] (finished rows read token 0)
         q = draft_probs[rows, cur].to(torch.float64)  # [B, V]
         accept = live & (u[rows, c, 0] * q[rows, x] * mass < w[rows, x])
         reject = live & ~accept

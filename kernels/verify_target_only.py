@@ -60,7 +60,7 @@ def verify_target_only_torch(
         if not torch.compiler.is_compiling() and not bool(live.any()):
             break  # eager: stop when every request is done (compiled: a fixed N - 1 rounds)
         c = cand.clamp(min=0)
-        x = tokens[rows, c]  # [B]
+        x = torch.where(live, tokens[rows, c], 0)  # [B] (finished rows read token 0)
         dup = (rejected == x[:, None]).any(-1)
         px = torch.where(dup, 0.0, target_probs[rows, cur, x].to(torch.float64))  # r(x)
         accept = live & (u[rows, c, 0] * mass < px)

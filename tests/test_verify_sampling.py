@@ -150,6 +150,19 @@ def test_a_generator_replays_its_draws_and_equals_explicit_uniforms(verifier):
     _equal(runs[0], explicit)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_a_draft_token_with_zero_draft_probability_is_accepted_iff_the_target_allows_it(impl):
+    tree = build_tree(torch.tensor([[-1, 0]] * 3, device=device), torch.tensor([2] * 3, device=device), impl="torch")
+    tokens = torch.tensor([[0, 1], [0, 2], [0, 3]], device=device)  # x = 1: p > 0 = q; 2: p = 0 < q; 3: p = q = 0
+    target = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25] * 4], device=device).expand(3, 2, 4).contiguous()
+    draft = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4], device=device).expand(3, 2, 4).contiguous()
+    for coin in (0.0, 0.5, 1 - 2**-53):
+        u = torch.full((3, 2, 2), coin, dtype=torch.float64, device=device)
+        acc = verify_speculative(tokens, tree, target, draft, uniforms=u, impl=impl)
+        assert acc.accept_length.tolist() == [1, 0, 0]
+        assert acc.accept_tokens[1:, 0].tolist() == [0 if coin < 0.5 else 1] * 2  # from p (= max(p - q, 0) here)
+
+
 def test_sampling_verifiers_reject_bad_arguments():
     case = make_trees(2, 5, "chain", seed=0, padded=False)
     tokens, target, draft = sampling_case(case, 7, seed=0)

@@ -11,6 +11,9 @@ token when the walk ends at node i. Pass `uniforms` to replay draws exactly, or 
 or neither (the default generator). Kernel and reference give the same integers for the same
 draws.
 
+Draft tokens of valid non-root nodes must lie in [0, V): the kernels read target (and
+draft) rows at them. Padding nodes and the root's token are never read.
+
 Glossary: accepted = draft nodes on the verified path; bonus = the token the target emits
 after the last accepted node (a correction when some child there was rejected).
 """
