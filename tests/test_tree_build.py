@@ -69,7 +69,7 @@ def test_kernel_equals_reference_bit_for_bit(case):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@ci_examples(6)
+@ci_examples(6, gpu=200)
 @given(seed=st.integers(0, 2**31 - 1), shallow=st.sampled_from(["star", "random", "layered"]))
 def test_deep_tree_then_shallow_tree_in_the_same_buffers_leaves_no_stale_bit(impl, seed, shallow):
     B, N = (KERNEL_BATCH, KERNEL_SLOTS) if impl == "triton" else (8, 256)

@@ -55,7 +55,7 @@ def test_greedy_verification_equals_the_naive_python_walk(impl, data):
     _assert_walk(case, tokens, logits, acc.__class__(*(t.cpu() for t in vars(acc).values())))
 
 
-@ci_examples(10)
+@ci_examples(10, gpu=300)
 @given(case=trees(max_batch=KERNEL_BATCH, max_slots=KERNEL_SLOTS), vocab=st.sampled_from([3, 17, 8195]), seed=st.integers(0, 2**31 - 1))
 def test_greedy_kernel_equals_reference_on_logits_and_on_argmax(case, vocab, seed):
     note(f"seed={case.seed}/{seed} shape={case.shape} B={case.batch} N={case.slots} V={vocab}")

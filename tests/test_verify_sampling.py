@@ -58,7 +58,7 @@ def _equal(a, b) -> None:
 
 
 @pytest.mark.parametrize("verifier", ["target-only", "speculative"])
-@ci_examples(12)
+@ci_examples(12, gpu=300)
 @given(
     case=trees(max_batch=KERNEL_BATCH, max_slots=KERNEL_SLOTS),
     vocab=st.sampled_from(VOCABS),
@@ -98,7 +98,7 @@ def test_sampling_kernel_equals_reference_through_long_runs_of_rejected_siblings
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("verifier", ["target-only", "speculative"])
-@ci_examples(8)
+@ci_examples(8, gpu=150)
 @given(data=st.data())
 def test_greedy_rows_reduce_to_the_greedy_walk(verifier, impl, data):
     max_batch, max_slots = (KERNEL_BATCH, KERNEL_SLOTS) if impl == "triton" else (8, 128)

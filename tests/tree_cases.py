@@ -100,8 +100,9 @@ def trees(draw, max_batch: int = 8, max_slots: int = 256) -> Trees:
 
 def ci_examples(count: int, gpu: int | None = None) -> settings:
     """Settings for a test whose examples are slow: `count` examples on CPU (interpreted
-    kernels), `gpu` (default: the profile's number) on a CUDA machine."""
-    return settings(max_examples=(gpu or settings.default.max_examples) if FULL else count)
+    kernels); on a CUDA machine the profile's number, capped at `gpu`."""
+    profile = settings.default.max_examples
+    return settings(max_examples=min(profile, gpu or profile) if FULL else count)
 
 
 def kernel_sizes(full: tuple[int, int], small: tuple[int, int]) -> tuple[int, int]:
