@@ -10,6 +10,7 @@ from specdec.train.data import collate, epoch_batches, split_validation
 from specdec.train.distill import DistillData, generate_responses
 from specdec.train.prompts import (
     Prompt,
+    _excluded_from_training,
     discover_sources,
     encode_prompt,
     frozen_heldout_prompts,
@@ -49,7 +50,10 @@ def test_prompt_split_keeps_heldout_files_out_of_training():
     frozen = frozen_heldout_prompts()
     assert len(frozen) == 64 and all(is_heldout(p.source) for p in frozen)
     assert sum(p.chat for p in frozen) == 32  # half code completion, half chat
-    assert is_heldout("stdlib:json/decoder.py") == is_heldout("stdlib:json/decoder.py")  # a pure function of the id
+    held_rel = sorted(f.id.split(":", 1)[1] for f in files if f.id in held)[0]
+    assert _excluded_from_training(f"site:vendor/_stdlib/{held_rel}")  # a vendored copy of a held-out file
+    other = "site:vendor/_stdlib/no_such_module_xyz.py"
+    assert _excluded_from_training(other) == is_heldout(other)
 
 
 def test_prompts_are_deterministic_in_the_seed_and_cover_every_kind():

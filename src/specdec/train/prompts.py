@@ -18,7 +18,8 @@ Split: a source is held out iff ``sha1(source id)`` falls under `HELDOUT_FRACTIO
 the root label plus the path relative to that root (``stdlib:json/decoder.py``,
 ``site:numpy/linalg/linalg.py``; fixed-list questions are ``list:<sha1 of the text>``), so the
 split is the same on every machine and Python version. `heldout_prompts` draws only from
-held-out sources, `sample_prompts(split="train")` never does. `frozen_heldout_prompts` reads
+held-out sources; `sample_prompts(split="train")` never does, and also skips site-packages
+files whose path ends like a held-out stdlib file's (vendored copies). `frozen_heldout_prompts` reads
 the evaluation set shipped with the package (``heldout_prompts.jsonl``: `make_frozen_heldout`,
 written by ``python -m specdec.train prompts --frozen --write ...``), so CPU and GPU machines
 evaluate on the very same prompts; `frozen_heldout_prompts(n)` takes n of them, alternating
@@ -147,6 +148,25 @@ def is_heldout(source_id: str, fraction: float = HELDOUT_FRACTION) -> bool:
     return _hash_unit(source_id) < fraction
 
 
+@functools.lru_cache(maxsize=1)
+def _heldout_stdlib_paths() -> frozenset[str]:
+    return frozenset(f.id.split(":", 1)[1] for f in discover_sources(("stdlib",)) if is_heldout(f.id))
+
+
+def _excluded_from_training(source_id: str) -> bool:
+    """Held out, or a copy of a held-out stdlib file: a site-packages file whose path ends
+    like one (vendored copies such as ``setuptools/_distutils/cmd.py`` of ``distutils/cmd.py``;
+    plain name clashes are excluded too, which costs nothing)."""
+    if is_heldout(source_id):
+        return True
+    root, _, rel = source_id.partition(":")
+    if root != "site":
+        return False
+    parts = rel.split("/")
+    held = _heldout_stdlib_paths()
+    return any("/".join(parts[i:]) in held for i in range(len(parts)))
+
+
 def _root_dirs(roots: tuple[str, ...]) -> list[tuple[str, Path]]:
     unknown = sorted(set(roots) - set(ROOTS))
     if unknown:
@@ -261,7 +281,7 @@ def _functions(lines: list[str]) -> tuple[_Function, ...]:
     return tuple(funcs)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=512)
 def _read(path: Path) -> tuple[str, tuple[_Function, ...]] | None:
     try:
         text = path.read_text(encoding="utf-8")
@@ -383,7 +403,7 @@ def sample_prompts(
     heldout = split == "heldout"
     groups: dict[str, list[SourceFile]] = {}
     for f in discover_sources(tuple(roots)):
-        if is_heldout(f.id) == heldout:
+        if heldout and is_heldout(f.id) or not heldout and not _excluded_from_training(f.id):
             groups.setdefault(f.group, []).append(f)
     names = sorted(groups)
     lists = {k: _list_prompts(k, heldout) for k in ("task", "general")}
