@@ -201,6 +201,8 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(targets, head_path, tmp_pa
         dec.generate([[1, 2], []], small)
     with pytest.raises(ConfigError, match=r"prompt of 50 tokens \+ max_new_tokens=8 \+ 4 tree slots = 62 exceeds max_seq_len=48"):
         dec.generate([[1] * 50], SamplingParams(max_new_tokens=8))
+    with pytest.raises(ConfigError, match=r"temperature=0.8 needs a sampling verifier"):
+        dec.generate([[1, 2]], SamplingParams(temperature=0.8, max_new_tokens=8))
     with pytest.raises(ConfigError, match=r"3 prompts exceed max_batch_size=2"):
         dec.generate([[1], [2], [3]], small)
     with pytest.raises(ConfigError, match=r"prompt token ids \[96\] are out of range; allowed: \[0, 96\)"):

@@ -123,6 +123,11 @@ class SpecEngine:
         """Raise `ConfigError` if `prompt` / `params` cannot run; touches no state."""
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"sampling must be a SamplingParams, got {type(params).__name__}")
+        if getattr(self.strategies.verifier, "greedy_only", False) and not params.greedy:
+            raise ConfigError(
+                f"temperature={params.temperature} needs a sampling verifier; this verifier decodes greedily "
+                "(use verifier='target-only' or 'speculative', or temperature=0)"
+            )
         if len(prompt) == 0:
             raise ConfigError("prompt is empty; a request needs at least one token")
         vocab = self.runner.info.vocab_size

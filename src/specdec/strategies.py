@@ -104,6 +104,8 @@ class Verifier(Protocol):
     lossless:          output provably equals target-only decoding (greedy) or follows the
                        target distribution (sampling). Lossy verifiers are reported as such.
     needs_draft_probs: requires `DraftTree.draft_probs` (standard speculative sampling).
+    greedy_only:       (optional, default False) decodes every row greedily, so requests
+                       with temperature > 0 are refused instead of silently made greedy.
     """
 
     lossless: bool

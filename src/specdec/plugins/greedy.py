@@ -18,6 +18,7 @@ NAME = "greedy"
 class GreedyVerifier:
     lossless = True  # output equals target-only greedy decoding
     needs_draft_probs = False
+    greedy_only = True  # the engine refuses requests with temperature > 0 rather than ignore it
 
     def __call__(
         self,
