@@ -6,7 +6,7 @@
 #
 # Phases (each prints its wall time): load + GGUF conversion (~0.5 min on a fresh machine),
 # prompts from stdlib + site-packages (~0.3 min), self-distillation: the target's greedy
-# answers to up to 16000 prompts in batches of 1024 (stops starting batches after 2.5 min),
+# answers to up to 20000 prompts in batches of 1024 (stops starting batches after 2.5 min),
 # TTT training (7 steps, bf16 autocast, 32k-token batches; the cosine schedule is fitted to
 # 3 min after timing the first steps), export, curves, then evaluation (target-only, linear
 # D=5, tree D=6 K=8 N=48; 64 prompts, greedy, 128 new tokens; ~1 min).
@@ -27,7 +27,7 @@ if ! python -c "import specdec.kernels, specdec.train" 2>/dev/null; then
 fi
 exec python -m specdec.train eagle3 \
   --target smollm2 --out "$out" --work "$work" \
-  --num-prompts 16000 --max-new-tokens 192 --max-prompt-tokens 384 \
+  --num-prompts 20000 --max-new-tokens 192 --max-prompt-tokens 384 \
   --gen-batch-size 1024 --gen-minutes 2.5 \
   --draft-vocab-size 4096 --ttt-steps 7 --batch-tokens 32768 --epochs 8 \
   --lr 8e-4 --warmup 50 --max-minutes 3.0 --log-every 10 --val-every 100 \

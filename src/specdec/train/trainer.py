@@ -2,7 +2,8 @@
 resumable checkpoints in the official layout, and a wall-clock budget.
 
 Owns `TrainConfig`, `build_head` (shape from the target; draft vocabulary from the data;
-``lm_head`` rows and final ``norm`` copied from the target's by default, the rest random) and
+``lm_head`` rows and final ``norm`` taken from the target's by default, the norm scaled so the
+first logits have std ~1; the rest random) and
 `train_eagle3`. Each step runs the target once (`teacher.teacher_forward`, no grad) and the
 head for `ttt_steps` unrolled steps (`ttt.ttt_unroll`), in bf16 autocast on CUDA (float32
 master weights) and float32 on the CPU.
@@ -162,8 +163,13 @@ def build_head(target, cfg: TrainConfig, d2t: torch.Tensor, t2d: torch.Tensor) -
         head.t2d.copy_(t2d)
         if cfg.init_from_target:
             used = torch.arange(hcfg.draft_vocab_size) + d2t
-            head.lm_head.weight.copy_(target.model.lm_head.weight.detach().float().cpu()[used])
-            head.norm.weight.copy_(target.model.norm.weight.detach().float().cpu())
+            rows = target.model.lm_head.weight.detach().float().cpu()[used]  # [Vd, d]
+            w = target.model.norm.weight.detach().float().cpu()  # [d]
+            # The target's output geometry, scaled so that a random (unit-RMS) hidden state gives
+            # logits of std ~1 (unscaled, SmolLM2's would start at std ~6: cross-entropy ~20).
+            scale = (rows.pow(2) @ w.pow(2)).sqrt().median().clamp_min(1e-6)
+            head.lm_head.weight.copy_(rows)
+            head.norm.weight.copy_(w / scale)
     return head
 
 
