@@ -16,4 +16,7 @@ BUILTIN_PLUGINS = (
     "specdec.plugins.speculative",  # verifier="speculative"
     "specdec.plugins.relocate",  # specdec_relocate_kv: paged KV relocation
     "specdec.plugins.eagle3",  # drafter="eagle3": linear and dynamic-tree EAGLE-3 drafting
+    "specdec.plugins.mtp",  # drafter="mtp": MTP-Eagle drafting from the target's last hidden state
+    "specdec.plugins.ngram",  # drafter="ngram": model-free prompt lookup, chain or tree
+    "specdec.plugins.typical",  # verifier="typical": Medusa typical acceptance (lossy)
 )

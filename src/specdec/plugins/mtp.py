@@ -1,0 +1,130 @@
+"""drafter="mtp": MTP-style drafting from the target's last hidden state (MTP-Eagle mode: one
+MTP module applied recursively `max_draft_len` times), as a chain (tree="linear") or an
+EAGLE-2 dynamic tree (tree="dynamic").
+
+Written as a third party would: only the public hooks. It answers `specdec_capture_layers`
+with ``()`` (no capture buffer) and its drafter says ``needs_last_hidden = True``, so the
+runner hands it the target's final-normed hidden state.
+
+Options, in ``SpecConfig.plugin_options["mtp"]`` (a dict):
+
+- ``"checkpoint"``: a folder in the specdec standalone layout or the MiMo layout (see
+  `specdec.drafters.mtp_checkpoint`), loaded strictly and checked against the target; or
+  an already built `MTPModel` (also accepted as ``"model"``).
+  `SpecDecoder.from_pretrained(target, draft=..., config)` puts ``draft`` here.
+- ``"layout"``: "auto" (default), "specdec" or "mimo".
+- ``"mtp_layer"``: which ``model.mtp_layers.{i}`` of a MiMo checkpoint (default 0).
+- ``"device"`` / ``"dtype"``: where to run the head (default: those of the target model).
+- ``"seed"``: seed of the draft-sampling generator (default 0).
+- ``"sample_drafts"``: sample drafts (default: True exactly when the verifier is
+  ``"speculative"``, the one that needs draft probabilities).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdec.config import ConfigError, SpecConfig
+from specdec.hookspecs import hookimpl
+
+NAME = "mtp"
+_KNOWN = frozenset({"checkpoint", "model", "layout", "mtp_layer", "device", "dtype", "seed", "sample_drafts"})
+
+
+def _options(config: SpecConfig) -> dict:
+    options = config.plugin_options.get(NAME, {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"plugin_options['mtp'] must be a dict, got {type(options).__name__}")
+    unknown = sorted(set(options) - _KNOWN)
+    if unknown:
+        raise ConfigError(f"plugin_options['mtp'] has unknown keys {unknown}; allowed: {sorted(_KNOWN)}")
+    return options
+
+
+def _device_dtype(options: dict, target) -> tuple[torch.device, torch.dtype]:
+    model = getattr(target, "model", None)
+    param = next(model.parameters(), None) if model is not None else None
+    device = options.get("device", param.device if param is not None else "cpu")
+    dtype = options.get("dtype", param.dtype if param is not None else torch.float32)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"plugin_options['mtp']['dtype']={options['dtype']!r} is not a torch dtype")
+    return torch.device(device), dtype
+
+
+def _load(options: dict, device, dtype):
+    from specdec.drafters.mtp_checkpoint import load_mtp
+    from specdec.drafters.mtp_model import MTPModel
+
+    src = options.get("model", options.get("checkpoint"))
+    if src is None:
+        raise ConfigError(
+            "drafter='mtp' needs a head: SpecDecoder.from_pretrained(target, draft=PATH, ...) or "
+            "plugin_options={'mtp': {'checkpoint': PATH}} (a specdec or MiMo-layout folder, or an MTPModel)"
+        )
+    if isinstance(src, MTPModel):
+        return src.to(device=device, dtype=dtype), "MTPModel"
+    if isinstance(src, (str, Path)):
+        path = Path(src).expanduser()
+        model = load_mtp(
+            path, layout=options.get("layout", "auto"), layer=options.get("mtp_layer", 0), device=device, dtype=dtype
+        )
+        return model, str(path)
+    raise ConfigError(f"plugin_options['mtp']['checkpoint'] must be a path or an MTPModel, got {type(src).__name__}")
+
+
+@hookimpl
+def specdec_strategy_names():
+    return {"drafter": [NAME]}
+
+
+@hookimpl
+def specdec_capture_layers(config: SpecConfig, target):
+    if config.drafter != NAME:
+        return None
+    if config.layers_to_capture is not None:
+        raise ConfigError(
+            f"drafter='mtp' reads the target's last hidden state only; layers_to_capture={config.layers_to_capture} "
+            "must be None"
+        )
+    return ()
+
+
+@hookimpl
+def specdec_draft(config: SpecConfig, target):
+    if config.drafter != NAME:
+        return None
+    from specdec.drafters.mtp_checkpoint import check_against_target
+    from specdec.drafters.mtp_drafter import MTPDrafter
+
+    options = _options(config)
+    device, dtype = _device_dtype(options, target)
+    model, source = _load(options, device, dtype)
+    check_against_target(model.config, target, source=source)
+    target_model = getattr(target, "model", None)
+    if target_model is None or not hasattr(target_model, "embed"):
+        raise ConfigError(
+            "the MTP head shares the target's embeddings: resolve with a TargetInfo that carries the loaded target "
+            "(TargetInfo.model), as SpecDecoder does"
+        )
+    head = None
+    if model.lm_head is None:
+        lm_head = getattr(target_model, "lm_head", None)
+        if lm_head is None:
+            raise ConfigError(f"{source}: the MTP head has no lm_head and the target model exposes none to share")
+        weight = lm_head.weight
+        if tuple(weight.shape) != (model.config.vocab_size, model.config.hidden_size):
+            raise ConfigError(
+                f"{source}: the target's lm_head is {tuple(weight.shape)}; the MTP head needs "
+                f"[{model.config.vocab_size}, {model.config.hidden_size}]"
+            )
+
+        def head(x: torch.Tensor) -> torch.Tensor:  # the shared head, in the target's dtype
+            return lm_head(x.to(weight.dtype))
+    samples = options.get("sample_drafts", config.verifier == "speculative")
+    return MTPDrafter(
+        model, config, embed=target_model.embed, head=head, samples_drafts=bool(samples), seed=int(options.get("seed", 0))
+    )

@@ -1,0 +1,58 @@
+"""drafter="ngram": model-free prompt-lookup drafting, a chain (tree="linear") or a tree of
+distinct continuations (tree="dynamic"); see `specdec.drafters.ngram_drafter`.
+
+Written as a third party would: only the public hooks. It reads no hidden state
+(`specdec_capture_layers` answers ``()``; the drafter's capability flags are all False), and
+it needs no checkpoint. Its matching runs on the host, once per step.
+
+Options, in ``SpecConfig.plugin_options["ngram"]`` (a dict, validated into `NgramOptions`):
+``min_match`` (default 1), ``max_match`` (default 3), ``max_draft_tokens`` (default
+``config.max_total_draft_tokens``), ``max_branches`` (default ``config.topk`` for
+tree="dynamic", 1 for tree="linear"). Each branch holds at most ``config.max_draft_len``
+tokens. ``"checkpoint"`` is refused: this drafter has no model.
+"""
+
+from __future__ import annotations
+
+from specdec.config import ConfigError, SpecConfig
+from specdec.hookspecs import hookimpl
+
+NAME = "ngram"
+
+
+def _options(config: SpecConfig):
+    from specdec.drafters.ngram_drafter import NgramOptions
+
+    options = config.plugin_options.get(NAME, {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"plugin_options['ngram'] must be a dict, got {type(options).__name__}")
+    if "checkpoint" in options:
+        raise ConfigError(
+            f"drafter='ngram' has no model; got a draft checkpoint {options['checkpoint']!r} (leave draft=None)"
+        )
+    return NgramOptions.from_config(config, options)
+
+
+@hookimpl
+def specdec_strategy_names():
+    return {"drafter": [NAME]}
+
+
+@hookimpl
+def specdec_capture_layers(config: SpecConfig, target):
+    if config.drafter != NAME:
+        return None
+    if config.layers_to_capture is not None:
+        raise ConfigError(f"drafter='ngram' reads no hidden state; layers_to_capture={config.layers_to_capture} must be None")
+    return ()
+
+
+@hookimpl
+def specdec_draft(config: SpecConfig, target):
+    if config.drafter != NAME:
+        return None
+    from specdec.drafters.ngram_drafter import NgramDrafter
+
+    model = getattr(target, "model", None)
+    param = next(model.parameters(), None) if model is not None else None
+    return NgramDrafter(config, _options(config), device=param.device if param is not None else "cpu")
