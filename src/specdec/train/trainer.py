@@ -282,8 +282,8 @@ def train_eagle3(
 
     teacher_fn, unroll_fn = teacher_forward, ttt_unroll
     if cfg.compile:
-        teacher_fn = torch.compile(teacher_forward, dynamic=True)
-        unroll_fn = torch.compile(ttt_unroll, dynamic=True)
+        teacher_fn = torch.compile(teacher_forward)  # shapes become dynamic on the first recompile
+        unroll_fn = torch.compile(ttt_unroll)
     embed = target.model.embed
     target_ids = head.target_ids()
 
