@@ -144,6 +144,26 @@ def test_batched_generation_equals_one_prompt_at_a_time(target):
     assert cut[0] == batched[0][: batched[0].index(eos) + 1]  # ends after the first EOS, kept
 
 
+def test_full_width_batches_for_a_cuda_graph_pad_with_copies_and_drop_them(target, monkeypatch):
+    from specdec.train import distill
+
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 1], [40, 41, 42, 43], [2] * 11, [17, 18, 19]]
+    plain = generate_responses(target.model, prompts, max_new_tokens=6, batch_size=4, eos_token_ids=(), progress=False)
+    widths = []
+    real_eager = distill._DecodeStep.eager
+
+    def eager(self, tokens, cache_len):
+        widths.append(tokens.shape[0])
+        return real_eager(self, tokens, cache_len)
+
+    monkeypatch.setattr(distill, "_can_graph", lambda device: True)  # as on CUDA, but without a graph:
+    monkeypatch.setattr(distill._DecodeStep, "_capture", lambda self, tokens, cache_len: setattr(self, "tried", True))
+    monkeypatch.setattr(distill._DecodeStep, "eager", eager)
+    padded = generate_responses(target.model, prompts, max_new_tokens=6, batch_size=4, eos_token_ids=(),
+                                progress=False, cuda_graph=True)
+    assert padded == plain and set(widths) == {4}  # the last batch of 1 ran 4 wide
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 def test_dense_teacher_forward_matches_the_paged_forward_with_capture(tmp_path, family):
     make_checkpoint(family, tmp_path, num_hidden_layers=4)

@@ -101,7 +101,7 @@ def _data(args, target, work: Path, phases: _Phases):
     data = phases.run(
         "generate", build_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
         batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
-        seed=args.seed, deadline=deadline,
+        seed=args.seed, deadline=deadline, cuda_graph=args.gen_cuda_graph != "off",
     )
     data.meta["settings"] = settings
     m = data.meta
@@ -299,6 +299,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--gen-batch-size", type=int, default=256)
     g.add_argument("--gen-minutes", type=float, default=None, help="stop starting new generation batches after this")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
+    g.add_argument("--gen-cuda-graph", choices=("auto", "off"), default="auto",
+                   help="auto: replay the decode forward from a CUDA graph on CUDA (checked once, eager on failure)")
     g.add_argument("--regenerate", action="store_true", help="ignore <work>/data.pt")
     g = p.add_argument_group("training")
     g.add_argument("--draft-vocab-size", type=int, default=4096)

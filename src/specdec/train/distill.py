@@ -105,6 +105,7 @@ def generate_responses(
     block_size: int = 16,
     deadline: float | None = None,
     progress: bool = True,
+    cuda_graph: bool = False,
 ) -> list[list[int] | None]:
     """The target's responses to `prompts`, `batch_size` prompts per forward.
 
@@ -118,6 +119,8 @@ def generate_responses(
         prompts: token ids per prompt (each non-empty).
         deadline: `time.perf_counter()` value after which no new batch starts; prompts not
             reached get None.
+        cuda_graph: replay the decode forward from a CUDA graph (CUDA only; checked against
+            the eager forward once, eager on any failure).
     Returns:
         responses in the order of `prompts` (None = not generated before the deadline).
     """
@@ -154,9 +157,13 @@ def generate_responses(
         generator.manual_seed(seed)
     chunks = [order[i : i + bs] for i in range(0, len(order), bs)]
     bar = _progress(len(prompts), progress)
+    step_fn = _DecodeStep(model, cache, bs, device, cuda_graph)
     for chunk in chunks:
         if deadline is not None and time.perf_counter() > deadline:
             break
+        real = len(chunk)
+        if step_fn.static_shape:  # a CUDA graph needs every batch at full width: pad with copies
+            chunk = chunk + [chunk[0]] * (bs - real)
         b = len(chunk)
         lens = [len(prompts[i]) for i in chunk]
         T = max(lens)
@@ -176,27 +183,86 @@ def generate_responses(
         steps = [nxt]
         done = torch.isin(nxt, eos)
         cache_len = q_len.clone()
-        active = torch.ones(b, dtype=torch.bool, device=device)
         for step in range(1, max_new_tokens):
-            batch = decode_batch(cache, cache_len, active)
-            logits = model(nxt[:, None], batch.positions, cache, batch).logits[:, 0]
+            logits = step_fn(nxt, cache_len)  # [b, V] float32
             nxt = torch.where(done, eos[0], _pick(logits, temperature, generator))
             steps.append(nxt)
             cache_len = cache_len + 1
             done = done | torch.isin(nxt, eos)
-            if step % 16 == 0 and bool(done.all()):  # one host sync every 16 tokens
+            if step % 16 == 0 and bool(done[:real].all()):  # one host sync every 16 tokens
                 break
         gen = torch.stack(steps, 1).cpu().tolist()  # [b, <= max_new_tokens]
         eos_set = set(eos_token_ids)
-        for s, i in enumerate(chunk):
+        for s, i in enumerate(chunk[:real]):
             resp = gen[s]
             cut = next((j + 1 for j, t in enumerate(resp) if t in eos_set), len(resp))
             out[i] = resp[:cut]
         if bar is not None:
-            bar.update(b)
+            bar.update(real)
     if bar is not None:
         bar.close()
     return out
+
+
+def _can_graph(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+class _DecodeStep:
+    """One greedy-decode forward of all rows: eager, or replayed from a CUDA graph.
+
+    The graph (``cuda_graph=True`` on a CUDA device) is captured on first use over static
+    token / length buffers and checked once against the eager forward of the same step (both
+    write the same K/V); on any failure or mismatch it is dropped with a warning and the eager
+    forward is used. With a graph, every batch must have `bs` rows (`static_shape`).
+    """
+
+    def __init__(self, model, cache, bs: int, device: torch.device, cuda_graph: bool):
+        self.model, self.cache, self.bs = model, cache, bs
+        self.static_shape = bool(cuda_graph) and _can_graph(device)
+        self.graph = None
+        self.tried = False
+
+    def eager(self, tokens: torch.Tensor, cache_len: torch.Tensor) -> torch.Tensor:
+        active = torch.ones_like(cache_len, dtype=torch.bool)
+        batch = decode_batch(self.cache, cache_len, active)
+        return self.model(tokens[:, None], batch.positions, self.cache, batch).logits[:, 0]
+
+    def _capture(self, tokens: torch.Tensor, cache_len: torch.Tensor) -> None:
+        self.tried = True
+        try:
+            self.tokens, self.cache_len = tokens.clone(), cache_len.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up (Triton compilation); writes this step's own K/V rows
+                for _ in range(2):
+                    self.eager(self.tokens, self.cache_len)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.logits = self.eager(self.tokens, self.cache_len)
+            ref = self.eager(tokens, cache_len)
+            graph.replay()
+            if not torch.equal(self.logits.argmax(-1), ref.argmax(-1)):
+                raise RuntimeError("graph replay differs from the eager forward")
+            self.graph = graph
+        except Exception as err:  # noqa: BLE001 - any capture problem: fall back to eager
+            import warnings
+
+            warnings.warn(f"CUDA-graph decode disabled ({type(err).__name__}: {err}); decoding eagerly", stacklevel=2)
+            self.graph = None
+            torch.cuda.synchronize()
+
+    def __call__(self, tokens: torch.Tensor, cache_len: torch.Tensor) -> torch.Tensor:
+        """tokens, cache_len: [b] int64 -> logits [b, V] float32 (K/V written at cache_len)."""
+        if self.static_shape and not self.tried:
+            self._capture(tokens, cache_len)
+        if self.graph is None:
+            return self.eager(tokens, cache_len)
+        self.tokens.copy_(tokens)
+        self.cache_len.copy_(cache_len)
+        self.graph.replay()
+        return self.logits
 
 
 def _progress(total: int, enabled: bool):
@@ -218,6 +284,7 @@ def build_distill_data(
     seed: int = 0,
     deadline: float | None = None,
     progress: bool = True,
+    cuda_graph: bool = False,
 ) -> DistillData:
     """Encode `prompts`, let the target answer them, and pack prompt + response sequences.
 
@@ -241,6 +308,7 @@ def build_distill_data(
         seed=seed,
         deadline=deadline,
         progress=progress,
+        cuda_graph=cuda_graph,
     )
     seqs, prompt_lens, kinds = [], [], []
     for ids, resp, p in zip(encoded, responses, kept):
