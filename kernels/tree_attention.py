@@ -69,7 +69,9 @@ if HAS_TRITON:
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, HD_PAD]
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N] fp32
+        # cast: under torch.compile the scale can arrive as an fp64 constant, which would
+        # promote the running max and sum to fp64 (a loop-carried type error on the GPU)
+        s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale).to(tl.float32)  # [BLOCK_M, BLOCK_N]
 
         kk = pos - cache_len  # index of the new row at this key, < 0 for committed keys
         is_new = kk >= 0

@@ -8,8 +8,8 @@
 # prompts from stdlib + site-packages (~0.3 min), self-distillation: the target's greedy
 # answers to up to 20000 prompts in batches of 1024, decode replayed from a CUDA graph
 # (checked once against eager; --gen-cuda-graph off to skip) (stops starting batches after 2.5 min),
-# TTT training (7 steps, bf16 autocast, 32k-token batches; the cosine schedule is fitted to
-# 3 min after timing the first steps), export, curves, then evaluation (target-only, linear
+# TTT training (7 steps, bf16 autocast, 32k-token batches, up to 20 epochs; the cosine schedule is fitted to
+# at most 5 min after timing the first steps), export, curves, then evaluation (target-only, linear
 # D=5, tree D=6 K=8 N=48; 64 prompts, greedy, 128 new tokens; ~1 min).
 #
 # OUT_DIR receives exactly six small files (the head is ~15 MB in bf16):
@@ -29,8 +29,8 @@ fi
 exec python -m specdec.train eagle3 \
   --target smollm2 --out "$out" --work "$work" \
   --num-prompts 20000 --max-new-tokens 192 --max-prompt-tokens 384 \
-  --gen-batch-size 1024 --gen-minutes 2.5 \
-  --draft-vocab-size 4096 --ttt-steps 7 --batch-tokens 32768 --epochs 8 \
-  --lr 8e-4 --warmup 50 --max-minutes 3.0 --log-every 10 --val-every 100 \
-  --eval --eval-batch-size 16 --eval-max-new-tokens 128 \
+  --gen-batch-size 1024 --gen-minutes 2.0 \
+  --draft-vocab-size 4096 --ttt-steps 7 --batch-tokens 32768 --epochs 20 \
+  --lr 8e-4 --warmup 50 --max-minutes 5.0 --log-every 10 --val-every 100 \
+  --eval --eval-prompts 64 --eval-batch-size 16 --eval-max-new-tokens 128 \
   "$@"

@@ -256,8 +256,9 @@ def test_reference_attention_compiles_without_graph_breaks():
     gen = torch.Generator().manual_seed(2)
     cache = random_cache([2], 8, 4, 2, 32, gen)
     meta = pack_tree([[-1, 0, 0], [-1, 0, 1]], 3)
-    batch = tree_batch(cache, torch.tensor([5, 9]), meta, torch.tensor([3, 2]))
-    q = torch.randn(2, 3, 4, 8, generator=gen)
+    meta = type(meta)(**{k: v.to(DEVICE) for k, v in vars(meta).items()})
+    batch = tree_batch(cache, torch.tensor([5, 9], device=DEVICE), meta, torch.tensor([3, 2], device=DEVICE))
+    q = torch.randn(2, 3, 4, 8, generator=gen).to(DEVICE)
     step = torch.compile(lambda q, b: attention(q, cache, 0, b, scale=0.3, sliding_window=4, impl="ref"), fullgraph=True)
     torch.testing.assert_close(step(q, batch), attention(q, cache, 0, batch, scale=0.3, sliding_window=4, impl="ref"))
 

@@ -46,6 +46,7 @@ def targets(tmp_path_factory):
         hf.generation_config.eos_token_id = None
         hf.generation_config.pad_token_id = 0
         out[family] = (load_target(folder), hf)
+        out[family + "-folder"] = folder
     return out
 
 
@@ -221,8 +222,11 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(targets, head_path, tmp_pa
 def test_generation_through_the_triton_kernels(targets, head_path, monkeypatch):
     """The same exactness with every op (tree build, verification, relocation) run by its
     Triton kernel (interpreted on CPU)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     target, hf = targets["llama"]
+    if torch.cuda.is_available():  # compiled kernels: the target (and so every op) on the GPU
+        target = load_target(targets["llama-folder"], device="cuda")
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     config = SpecConfig(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_batch_size=2, max_seq_len=64, kv_block_size=4)
     dec = SpecDecoder.from_pretrained(target, head_path, config)
     results = dec.generate(PROMPTS[:2], SamplingParams(max_new_tokens=10, ignore_eos=True))
