@@ -9,6 +9,8 @@ an adversarial drafter (always wrong). Then bad input: each a clear error, nothi
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -25,6 +27,8 @@ from _tiny_models import make_checkpoint
 
 D, L, V = 64, 8, 96
 NEW = 64
+# Random heads are expected to accept ~nothing here; the warning for that is tested below.
+pytestmark = pytest.mark.filterwarnings("ignore:drafter='eagle3' accepts almost nothing:UserWarning")
 
 
 @pytest.fixture(autouse=True)
@@ -155,7 +159,13 @@ def test_oracle_and_adversarial_drafters_keep_the_output_exact(targets, branchy,
     drafter = OracleDrafter(futures, depth, branchy, wrong)
     config = SpecConfig(drafter="oracle", max_draft_len=2 * depth, max_batch_size=len(PROMPTS), max_seq_len=112, kv_block_size=4)
     dec = oracle_decoder(target, drafter, config)
-    results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    if wrong:  # a drafter that is never accepted earns a warning (once)
+        with pytest.warns(UserWarning, match=r"drafter='oracle' accepts almost nothing: 0 draft tokens accepted"):
+            results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
     for b, res in enumerate(results):
         assert res.token_ids == futures[b][:NEW]
         if wrong:

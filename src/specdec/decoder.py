@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import pluggy
@@ -19,6 +20,9 @@ from .engine import SpecEngine
 from .registry import resolve
 
 __all__ = ["SpecDecoder", "GenerationResult", "GenerationStats"]
+
+WEAK_DRAFTER_MIN_STEPS = 32  # judge a drafter only after this many steps in one generate()
+WEAK_DRAFTER_MAX_ACCEPTED = 0.05  # warn below this many accepted draft tokens per step
 
 
 @dataclass
@@ -69,6 +73,7 @@ class SpecDecoder:
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
         self.engine = SpecEngine(config, runner, self.strategies, device=device, generator=gen)
+        self._warned_weak_drafter = False
 
     @classmethod
     def from_pretrained(
@@ -143,4 +148,21 @@ class SpecDecoder:
             stats = GenerationStats(steps, list(req.accepted_per_step), mean, lossless, req.finish_reason, seconds)
             text = self.target.tokenizer.decode(req.token_ids) if self.target.tokenizer is not None else None
             results.append(GenerationResult(req.token_ids, text, stats, ids))
+        self._warn_if_drafts_are_never_accepted(requests)
         return results
+
+    def _warn_if_drafts_are_never_accepted(self, requests) -> None:
+        """A drafter that proposes but almost never gets a token accepted is usually a head
+        for another target, a wrong capture-layer convention, or an untrained head."""
+        if self._warned_weak_drafter or self.strategies.drafter.num_tree_slots <= 1:
+            return
+        steps = sum(len(r.accepted_per_step) for r in requests)
+        accepted = sum(sum(r.accepted_per_step) for r in requests)
+        if steps >= WEAK_DRAFTER_MIN_STEPS and accepted / steps < WEAK_DRAFTER_MAX_ACCEPTED:
+            self._warned_weak_drafter = True
+            warnings.warn(
+                f"drafter={self.config.drafter!r} accepts almost nothing: {accepted} draft tokens accepted in "
+                f"{steps} steps (mean acceptance length {1 + accepted / steps:.2f}). Output stays exact, but "
+                "there is no speedup: is the head trained for this target, with its capture layers?",
+                stacklevel=2,
+            )
