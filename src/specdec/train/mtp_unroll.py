@@ -1,0 +1,156 @@
+"""MTP-Eagle training unroll: one MTP module applied recursively, as the `mtp` drafter runs it.
+
+Owns the target-side forward for MTP training (`mtp_teacher_forward`: the target's LAST hidden
+state after its final norm, what the engine hands an MTP drafter, plus its full-vocabulary
+next-token logits) and the unrolled forward with its loss and accuracy (`mtp_unroll`).
+
+Alignment (as `ttt.ttt_unroll` for EAGLE-3). Sequence x_0..x_{L-1}; h_t = target last hidden
+state at t; p_t = the target's next-token distribution at t (of x_{t+1}). Row t of step k:
+
+=============  =========================================  ==========================
+               step 0                                     step k > 0
+=============  =========================================  ==========================
+hidden         h_t (the target's)                         ``MTPModel.feedback`` of row t
+                                                          at step k-1 (block output, or
+                                                          its normed form: feed_normed)
+token          x_{t+1}                                    x_{t+k+1}
+RoPE position  t                                          t + k
+predicts       x_{t+2}, soft target p_{t+1}               x_{t+k+2}, soft target p_{t+k+1}
+=============  =========================================  ==========================
+
+Step 0 is `MTPModel.sequence_forward` (plain causal attention) and the drafter's ingest row;
+step k reproduces draft depth k+1. Attention is the EAGLE-3 TTT mask (`ttt.ttt_attention`):
+row t of step k sees the step-0 keys of rows j <= t (the ingested context) and row t's own
+keys of steps 1..k (its draft ancestors and itself), exactly what `MTPDrafter` sees.
+
+Loss of step k: soft cross-entropy over the FULL vocabulary (the head shares the target's
+lm_head, so there is no draft vocabulary) against p_{t+k+1}, weighted by the loss weight of
+the predicted token, averaged; total = sum_k step_weight**k * loss_k (0.8**k). The logits
+and their softmax are recomputed in backward (activation checkpointing per step), so only
+[B, T, d] states stay alive across steps, not [B, T, V] logits. Accuracy: head argmax ==
+target argmax over response rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .teacher import dense_forward
+from .ttt import TTTResult, _shift_tokens, ttt_attention
+
+__all__ = ["MTPTeacherOutput", "mtp_teacher_forward", "mtp_unroll"]
+
+
+class MTPTeacherOutput:
+    """last_hidden: [B, T, d] target last hidden states (after the final norm);
+    logits: [B, T, V] target next-token logits (position t predicts t + 1), float32 on the
+    CPU, bfloat16 under CUDA autocast (memory); argmax: [B, T] int64."""
+
+    def __init__(self, last_hidden: torch.Tensor, logits: torch.Tensor, argmax: torch.Tensor):
+        self.last_hidden, self.logits, self.argmax = last_hidden, logits, argmax
+
+
+@torch.no_grad()
+def mtp_teacher_forward(model, tokens: torch.Tensor, *, chunk_rows: int = 8192) -> MTPTeacherOutput:
+    """The target's last hidden states and next-token logits for whole sequences (one forward).
+
+    Args:
+        model: `specdec.models.DecoderLM`.
+        tokens: [B, T] int64 (right-padded).
+        chunk_rows: rows of full-vocabulary logits computed at once.
+    """
+    _, last = dense_forward(model, tokens, (len(model.layers) - 1,))
+    B, T, d = last.shape
+    flat = last.reshape(B * T, d)
+    chunks = [model.lm_head(flat[s : s + chunk_rows]) for s in range(0, B * T, chunk_rows)]
+    logits = torch.cat(chunks, 0).view(B, T, -1)  # [B, T, V]
+    return MTPTeacherOutput(last, logits, logits.argmax(-1))
+
+
+def _soft_ce(model, head, state: torch.Tensor, teacher_p: torch.Tensor) -> torch.Tensor:
+    """state [B, n, d], teacher_p [B, n, V] -> [B, n] float32 soft cross-entropy."""
+    logits = model.logits(state, head).float()  # [B, n, V]
+    return torch.logsumexp(logits, -1) - (teacher_p * logits).sum(-1)
+
+
+def mtp_unroll(
+    model,
+    embed,
+    head,
+    last_hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    teacher_argmax: torch.Tensor,
+    weights: torch.Tensor,
+    response: torch.Tensor,
+    *,
+    steps: int = 5,
+    step_weight: float = 0.8,
+    attention=ttt_attention,
+    recompute: bool = True,
+) -> TTTResult:
+    """Unroll the MTP module `steps` times and return the weighted loss and per-step metrics.
+
+    Args:
+        model: `MTPModel`.
+        embed: the target's embedding, ``tokens [B, T] -> [B, T, d]``.
+        head: the target's output head ``[.., d] -> [.., V]`` (None when the module has its own).
+        last_hidden: [B, T, d] target last hidden states.
+        tokens: [B, T] int64 sequences (right-padded).
+        teacher_logits: [B, T, V] target next-token logits.
+        teacher_argmax: [B, T] int64.
+        weights: [B, T] float32, loss weight of predicting token j.
+        response: [B, T] bool, token j is a response token (accuracy rows).
+        steps: recursion depth trained (>= 1). step_weight: loss weight ratio between steps.
+        attention: `ttt.ttt_attention` or `ttt.ttt_attention_ref`.
+        recompute: recompute each step's logits in backward (saves [B, T, V] per step).
+    Returns:
+        `ttt.TTTResult` (loss, step_loss, correct, count, weight per step).
+    """
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1")
+    B, T = tokens.shape
+    scale = model.config.head_dim**-0.5
+    teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, V]
+    base = torch.arange(T, device=tokens.device)[None].expand(B, T)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+
+    def attend(q, k, v):
+        keys.append(k)
+        values.append(v)
+        return attention(q, keys, values, scale)
+
+    hidden = last_hidden
+    losses, correct, count, mass = [], [], [], []
+    total = last_hidden.new_zeros((), dtype=torch.float32)
+    for k in range(steps):
+        emb = embed(_shift_tokens(tokens, k + 1))  # [B, T, d]: x_{t+k+1}
+        model._check(emb, hidden)
+        state = model.block(model.fuse(emb, hidden), base + k, attend)  # [B, T, d] block output
+        hidden = model.feedback(state)
+        n = T - k - 2  # rows whose predicted token x_{t+k+2} exists
+        if n <= 0:
+            zero = total.new_zeros(())
+            losses.append(zero), correct.append(zero), count.append(zero), mass.append(zero)
+            continue
+        w = weights[:, k + 2 : k + 2 + n].float()  # [B, n]
+        p = teacher_p[:, k + 1 : k + 1 + n]
+        rows = state[:, :n]
+        if recompute and torch.is_grad_enabled():
+            ce = checkpoint(_soft_ce, model, head, rows, p, use_reentrant=False)
+        else:
+            ce = _soft_ce(model, head, rows, p)  # [B, n]
+        wsum = w.sum()
+        loss_k = (ce * w).sum() / wsum.clamp_min(1e-6)
+        total = total + (step_weight**k) * loss_k
+        with torch.no_grad():
+            pred = model.logits(rows.detach(), head).argmax(-1)  # [B, n]
+            ok = response[:, k + 2 : k + 2 + n]
+            correct.append(((pred == teacher_argmax[:, k + 1 : k + 1 + n]) & ok).sum().float())
+            count.append(ok.sum().float())
+        losses.append(loss_k.detach())
+        mass.append(wsum.detach())
+    return TTTResult(total, torch.stack(losses), torch.stack(correct), torch.stack(count), torch.stack(mass))

@@ -1,0 +1,147 @@
+"""MTP-head training: the loss falls on a tiny random target, the saved head reloads bit for
+bit and decodes losslessly through the mtp plugin, and the unrolled steps compute exactly what
+the MTP drafter computes at inference (draft depth k+1 == unroll step k, float64)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdec import SamplingParams, SpecConfig
+from specdec.decoder import SpecDecoder
+from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
+from specdec.drafters.mtp_drafter import MTPDrafter
+from specdec.strategies import DraftInput
+from specdec.train.mtp_trainer import train_mtp
+from specdec.train.mtp_unroll import mtp_teacher_forward, mtp_unroll
+from specdec.train.plot import read_log
+from specdec.train.trainer import TrainConfig
+from specdec.train.ttt import ttt_attention_ref
+
+from _mtp_heads import D, V, random_mtp
+from _train_tiny import make_data, make_target, one_thread
+
+TINY = dict(ttt_steps=4, batch_tokens=512, lr=3e-3, warmup_steps=3, log_every=1, val_every=4, val_fraction=0.1,
+            val_batches=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    data = make_data(target, n=24)
+    work = tmp_path_factory.mktemp("work")
+    log = work / "log.jsonl"
+    result = train_mtp(target, data, TrainConfig(max_steps=24, **TINY), work_dir=work, log_path=log, progress=False)
+    return result, work, log
+
+
+def test_a_few_mtp_training_steps_decrease_the_loss(trained):
+    result, _, log = trained
+    records = read_log(log)
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 25)) and result.steps == 24
+    first = sum(r["loss"] for r in train[:4]) / 4
+    last = sum(r["loss"] for r in train[-4:]) / 4
+    assert last < first - 0.05, (first, last)
+    assert all(len(r["step_acc"]) == 4 and len(r["step_loss"]) == 4 for r in train)
+    assert any(r["kind"] == "val" for r in records)
+
+
+def test_the_trained_head_reloads_bit_for_bit_and_mtp_greedy_equals_target_greedy(trained, target, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels are tested elsewhere)
+    result, work, _ = trained
+    head = result.head.cpu()
+    save_mtp(head, tmp_path / "head")
+    again = load_mtp(tmp_path / "head", layout="specdec")
+    for (k, a), (k2, b) in zip(head.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and torch.equal(a, b), k
+    assert head.lm_head is None  # logits through the target's shared lm_head
+    ck = load_file(str(work / "checkpoint" / "model.safetensors"))  # the resumable checkpoint, same layout
+    assert set(ck) == set(head.state_dict())
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]]
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    base = dict(max_batch_size=2, max_seq_len=64, kv_block_size=4)
+    ref = SpecDecoder.from_pretrained(target, None, SpecConfig(drafter="none", **base)).generate(prompts, params)
+    for shape in (dict(tree="linear", max_draft_len=3), dict(tree="dynamic", max_draft_len=3, topk=2, max_total_draft_tokens=6)):
+        dec = SpecDecoder.from_pretrained(target, tmp_path / "head", SpecConfig(drafter="mtp", **base, **shape))
+        out = dec.generate(prompts, params)
+        assert [o.token_ids for o in out] == [r.token_ids for r in ref], shape
+
+
+def test_mtp_unroll_steps_reproduce_the_mtp_drafters_chain_at_inference():
+    """Row L-1 of unroll step k == draft depth k+1 after a prompt of L tokens, when the sequence
+    continues with the drafter's own chain."""
+    Dd, L = 5, 12
+    model = random_mtp(seed=1, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(7)
+    embed = torch.nn.Embedding(V, D).to(torch.float64)
+    torch.nn.init.normal_(embed.weight, generator=gen)
+    head = torch.nn.Linear(D, V, bias=False).to(torch.float64)
+    torch.nn.init.normal_(head.weight, generator=gen)
+    seq0 = torch.randint(0, V, (L + Dd + 4,), generator=gen)
+    H = torch.randn(L + Dd + 4, D, generator=gen, dtype=torch.float64)
+    cfg = SpecConfig(drafter="mtp", max_draft_len=Dd, max_batch_size=1, max_seq_len=64, kv_block_size=4)
+    drafter = MTPDrafter(model, cfg, embed=embed, head=head)
+    seen = []
+    with torch.no_grad():
+        drafter.prefill(0, seq0[1 : L + 1], H[:L])  # prompt seq0[:L], first generated token seq0[L]
+        hook = head.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+        tree = drafter.propose(DraftInput(
+            root_tokens=seq0[L : L + 1], committed_len=torch.tensor([L]), accept_length=torch.tensor([-1]),
+            accept_tokens=torch.full((1, Dd + 1), -1), hidden=None, active=torch.tensor([True]),
+        ))
+        hook.remove()
+    assert tree.parents[0].tolist() == [-1, 0, 1, 2, 3, 4]
+    draft_logits = [drafter.root_logits[0]] + [x[0, 0] for x in seen]  # depth 1..D
+    assert len(draft_logits) == Dd
+
+    seq = torch.cat([seq0[: L + 1], tree.tokens[0, 1:]])[None]  # [1, T]
+    T = seq.shape[1]
+    seen = []
+    hook = head.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    with torch.no_grad():
+        mtp_unroll(model, embed, head, H[:T][None], seq, torch.zeros(1, T, V, dtype=torch.float64),
+                   torch.zeros(1, T, dtype=torch.int64), torch.ones(1, T), torch.ones(1, T, dtype=torch.bool),
+                   steps=Dd, attention=ttt_attention_ref, recompute=False)
+    hook.remove()
+    step_logits = seen[0::2]  # each step: the loss's logits, then the accuracy's (same rows)
+    for k in range(Dd):
+        torch.testing.assert_close(step_logits[k][0, L - 1], draft_logits[k], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(seen[2 * k + 1][0, L - 1], draft_logits[k], rtol=1e-9, atol=1e-9)
+
+
+def test_unroll_step_zero_is_the_heads_sequence_forward_and_steps_are_weighted(target):
+    model = random_mtp(seed=2)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, V, (2, 10), generator=gen)
+    teacher = mtp_teacher_forward(target.model, tokens)
+    assert teacher.last_hidden.shape == (2, 10, D) and teacher.logits.shape == (2, 10, V)
+    embed, lm_head = target.model.embed, target.model.lm_head
+    seen = []
+    hook = lm_head.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    res = mtp_unroll(model, embed, lm_head, teacher.last_hidden, tokens, teacher.logits, teacher.argmax,
+                     torch.ones(2, 10), torch.ones(2, 10, dtype=torch.bool), steps=3, step_weight=0.5, recompute=False)
+    hook.remove()
+    _, logits = model.sequence_forward(teacher.last_hidden, embed(torch.roll(tokens, -1, 1)), head=lm_head)
+    torch.testing.assert_close(seen[0], logits[:, :8], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(res.loss, sum(0.5**k * res.step_loss[k] for k in range(3)))
+    assert res.count.tolist() == [2 * 8, 2 * 7, 2 * 6]
+    res.loss.backward()
+    assert model.input_proj.weight.grad is not None and model.input_proj.weight.grad.abs().sum() > 0
+    # recomputed logits in backward give the same loss and gradient
+    g = model.input_proj.weight.grad.clone()
+    model.zero_grad()
+    res2 = mtp_unroll(model, embed, lm_head, teacher.last_hidden, tokens, teacher.logits, teacher.argmax,
+                      torch.ones(2, 10), torch.ones(2, 10, dtype=torch.bool), steps=3, step_weight=0.5, recompute=True)
+    res2.loss.backward()
+    torch.testing.assert_close(res2.loss, res.loss)
+    torch.testing.assert_close(model.input_proj.weight.grad, g)
