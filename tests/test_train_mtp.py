@@ -145,3 +145,29 @@ def test_unroll_step_zero_is_the_heads_sequence_forward_and_steps_are_weighted(t
     res2.loss.backward()
     torch.testing.assert_close(res2.loss, res.loss)
     torch.testing.assert_close(model.input_proj.weight.grad, g)
+
+
+def test_the_mtp_command_line_writes_a_plugin_loadable_head_log_curves_record_and_mtp_eval(target, tmp_path, monkeypatch):
+    import json
+
+    from specdec.train import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    out = tmp_path / "head"
+    argv = [
+        "mtp", "--target", str(target.path), "--out", str(out), "--work", str(tmp_path / "work"),
+        "--num-prompts", "30", "--roots", "stdlib", "--max-new-tokens", "12", "--max-prompt-tokens", "160",
+        "--gen-batch-size", "8", "--steps", "3", "--batch-tokens", "1024", "--ttt-steps", "3", "--log-every", "1",
+        "--val-every", "2", "--eval", "--eval-prompts", "2", "--eval-setups", "target,linear,tree",
+        "--eval-max-new-tokens", "8",
+    ]
+    assert main(argv) == 0
+    names = {p.name for p in out.iterdir()}
+    assert names == {"config.json", "model.safetensors", "training_curves.png", "train_log.jsonl", "TRAINING.md", "eval.json"}
+    head = load_mtp(out, layout="specdec", dtype=torch.bfloat16)
+    assert head.config.hidden_size == D and head.lm_head is None
+    rows = json.loads((out / "eval.json").read_text())
+    assert [r["name"] for r in rows] == ["target-only", "mtp linear D=5", "mtp tree D=6 K=8 N=48"]
+    assert rows[0]["tau"] == 1.0 and all(r["tau"] >= 1.0 and r["same_as_target"] == 1.0 for r in rows[1:])
+    record = (out / "TRAINING.md").read_text()
+    assert "python -m specdec.train mtp" in record and "| mtp tree D=6 K=8 N=48 |" in record

@@ -5,6 +5,8 @@ Subcommands:
 - ``eagle3``: the whole pipeline in one call: prompts -> the target's responses (cached in
   the work folder) -> draft vocabulary -> TTT training (resumable) -> the head in the official
   layout (bf16) with its log, curves and a TRAINING.md record -> optional evaluation.
+- ``mtp``: the same pipeline for an MTP head (`mtp_trainer`, `mtp_cli`): MTP-Eagle recursion
+  on the target's last hidden state, saved in the standalone specdec MTP layout.
 - ``eval``: mean acceptance length and speed of a head on held-out prompts (a table).
 - ``prompts``: show or write prompts of a split (the frozen evaluation set is made with it).
 - ``plot``: redraw the curves PNG from a training log.
@@ -229,6 +231,12 @@ def _cmd_eagle3(args, argv) -> int:
     return 0
 
 
+def _cmd_mtp(args, argv) -> int:
+    from .mtp_cli import cmd_mtp
+
+    return cmd_mtp(args, argv)
+
+
 # --------------------------------------------------------------------------- others
 def _cmd_eval(args, argv) -> int:
     from .evaluate import evaluate_head, format_table
@@ -237,7 +245,7 @@ def _cmd_eval(args, argv) -> int:
     target = _load_target(args, device)
     prompts = _prompts_for_eval(args)
     rows = evaluate_head(target, Path(args.head).expanduser(), prompts, setups=tuple(args.eval_setups.split(",")),
-                         batch_size=args.eval_batch_size, max_new_tokens=args.eval_max_new_tokens)
+                         batch_size=args.eval_batch_size, max_new_tokens=args.eval_max_new_tokens, drafter=args.drafter)
     print(format_table(rows, title=f"{args.head} on {len(prompts)} held-out prompts ({args.eval_source}), greedy, "
                                    f"{args.eval_max_new_tokens} new tokens, {device}"))
     if args.json:
@@ -280,11 +288,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-setups", default="target,linear,tree", help="comma list of target, linear, tree")
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m specdec.train", description="Train and evaluate EAGLE-3 draft heads.")
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("eagle3", help="self-distill data, train an EAGLE-3 head with TTT, export (and evaluate) it")
+def _pipeline_args(p: argparse.ArgumentParser) -> None:
+    """The options of the training pipelines (``eagle3`` and ``mtp``; EAGLE-3-only ones are ignored by mtp)."""
     p.add_argument("--target", required=True, help="HF folder, .gguf file, or 'smollm2' (the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help="output folder: the head + log, curves, TRAINING.md, eval.json")
     p.add_argument("--work", default=None, help="data + resumable checkpoint (default: <out>.work)")
@@ -303,8 +308,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="auto: replay the decode forward from a CUDA graph on CUDA (checked once, eager on failure)")
     g.add_argument("--regenerate", action="store_true", help="ignore <work>/data.pt")
     g = p.add_argument_group("training")
-    g.add_argument("--draft-vocab-size", type=int, default=4096)
-    g.add_argument("--ttt-steps", type=int, default=7)
+    g.add_argument("--draft-vocab-size", type=int, default=4096, help="eagle3 only (mtp predicts the full vocabulary)")
+    g.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (eagle3) / recursion depth trained (mtp)")
     g.add_argument("--prompt-weight", type=float, default=0.1)
     g.add_argument("--epochs", type=float, default=4.0)
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
@@ -322,11 +327,24 @@ def _parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval", action="store_true", help="evaluate the head on held-out prompts afterwards")
     _eval_args(g)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specdec.train", description="Train and evaluate EAGLE-3 draft heads.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("eagle3", help="self-distill data, train an EAGLE-3 head with TTT, export (and evaluate) it")
+    _pipeline_args(p)
     p.set_defaults(fn=_cmd_eagle3)
+
+    p = sub.add_parser("mtp", help="the same pipeline for an MTP head (MTP-Eagle recursion on the target's last hidden state)")
+    _pipeline_args(p)
+    p.set_defaults(fn=_cmd_mtp)
 
     p = sub.add_parser("eval", help="acceptance length and speed of a head on held-out prompts")
     p.add_argument("--target", required=True)
-    p.add_argument("--head", required=True, help="EAGLE-3 checkpoint folder")
+    p.add_argument("--head", required=True, help="EAGLE-3 (or, with --drafter mtp, MTP) checkpoint folder")
+    p.add_argument("--drafter", choices=("eagle3", "mtp"), default="eagle3", help="the drafter that runs the head")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)

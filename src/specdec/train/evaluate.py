@@ -46,6 +46,7 @@ def evaluate_head(
     max_new_tokens: int = 128,
     warmup: bool = True,
     progress: bool = True,
+    drafter: str = "eagle3",
 ) -> list[dict]:
     """Run every setup on `prompts` (greedy) and measure acceptance length and speed.
 
@@ -53,6 +54,7 @@ def evaluate_head(
         target: a loaded `Target` (its device and dtype are used).
         head: the EAGLE-3 head: a checkpoint folder or an `Eagle3Model`.
         setups: keys of `SETUPS`.
+        drafter: the drafter the non-target setups run ("eagle3", or "mtp" for an MTP head).
     Returns:
         one dict per setup: name, prompts, tau, tau_code, tau_chat, new_tokens, seconds,
         tokens_per_s, same_as_target (share of outputs equal to target-only's, when run).
@@ -69,6 +71,8 @@ def evaluate_head(
     rows, reference = [], None
     for key in setups:
         name, base = SETUPS[key]
+        if key != "target" and drafter != base.drafter:
+            name, base = name.replace(base.drafter, drafter), base.replace(drafter=drafter)
         n_slots = base.num_tree_slots if key != "target" else 1
         max_seq_len = -(-(longest + max_new_tokens + n_slots + 1) // 16) * 16
         config = base.replace(max_batch_size=min(batch_size, len(ids)), max_seq_len=max_seq_len, kv_block_size=16)
