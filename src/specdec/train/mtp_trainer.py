@@ -14,7 +14,6 @@ float32, reloaded with `load_mtp` on resume) plus ``trainer_state.pt``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import shutil
 import time
@@ -25,10 +24,9 @@ import torch
 from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
 from specdec.drafters.mtp_model import MTPConfig, MTPModel
 
-from .data import collate, epoch_batches, split_validation
+from .data import epoch_batches, split_validation
 from .mtp_unroll import mtp_teacher_forward, mtp_unroll
-from .trainer import PROBE_STEPS, STATE_FILE, TrainConfig, TrainResult, _fingerprint, _log, lr_at
-from .ttt import estimated_accept_length
+from .trainer import STATE_FILE, TrainConfig, TrainResult, _fingerprint, run_training_loop
 
 __all__ = ["build_mtp_head", "train_mtp"]
 
@@ -170,117 +168,9 @@ def train_mtp(
                 batch.response, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
             )
 
-    def validate() -> dict | None:
-        if not val_list:
-            return None
-        head.eval()
-        S = cfg.ttt_steps
-        loss = torch.zeros((), device=device)
-        correct, count = torch.zeros(S, device=device), torch.zeros(S, device=device)
-        with torch.no_grad():
-            for idx in val_list:
-                batch = collate(val_data, idx, max_len=cfg.max_len, prompt_weight=cfg.prompt_weight).to(device)
-                res = run(batch, train=False)
-                loss += res.loss.detach()
-                correct += res.correct
-                count += res.count
-        head.train()
-        acc = (correct / count.clamp_min(1)).tolist()
-        return {"kind": "val", "step": step, "loss": float(loss) / len(val_list), "step_acc": acc,
-                "est_tau": estimated_accept_length(acc)}
-
-    deadline = None if cfg.max_minutes is None else t_start + 60 * cfg.max_minutes
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, initial=step, desc="train", unit="step", smoothing=0.05)
-    S = cfg.ttt_steps
-    acc_loss = torch.zeros((), device=device)
-    acc_step_loss, acc_correct, acc_count = (torch.zeros(S, device=device) for _ in range(3))
-    acc_tokens, acc_n, t_log = 0, 0, time.perf_counter()
-    last, last_val, stopped_early = {}, None, False
-    probe_start, probe_from = None, step
-    last_ckpt = time.perf_counter()
-
-    def save():
-        _save_mtp_checkpoint(work, head, {
-            "optimizer": opt.state_dict(), "step": step, "epoch": epoch, "pos": pos, "total_steps": total,
-            "elapsed": elapsed_before + time.perf_counter() - t_start, "rng": torch.get_rng_state(),
-            "data_fingerprint": fingerprint, "config": dataclasses.asdict(cfg),
-        })
-
-    steps_this_call = 0
-    while step < total:
-        if stop_after is not None and steps_this_call >= stop_after:
-            stopped_early = True
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            stopped_early = True
-            break
-        if step - probe_from == 3:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            probe_start = time.perf_counter()
-        if deadline is not None and probe_start is not None and step - probe_from == 3 + PROBE_STEPS:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            per_step = (time.perf_counter() - probe_start) / PROBE_STEPS
-            fit = step + int(0.95 * (deadline - time.perf_counter()) / per_step)
-            if fit < total:
-                print(f"[train] {per_step * 1000:.0f} ms/step: the schedule of {total} steps does not fit "
-                      f"max_minutes={cfg.max_minutes}; shortened to {fit} steps")
-                total = max(step + 1, fit)
-                if bar is not None:
-                    bar.total = total
-                    bar.refresh()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, total, cfg)
-        batch = collate(train_data, batches[pos], max_len=cfg.max_len, prompt_weight=cfg.prompt_weight).to(device)
-        res = run(batch, train=True)
-        res.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        steps_this_call += 1
-        pos += 1
-        if pos == len(batches):
-            epoch, pos = epoch + 1, 0
-            batches = batches_of(epoch)
-        acc_loss += res.loss.detach()
-        acc_step_loss += res.step_loss
-        acc_correct += res.correct
-        acc_count += res.count
-        acc_tokens += batch.num_tokens
-        acc_n += 1
-        if bar is not None:
-            bar.update(1)
-        if step % cfg.log_every == 0 or step == total:
-            now = time.perf_counter()
-            acc = (acc_correct / acc_count.clamp_min(1)).tolist()
-            last = {
-                "kind": "train", "step": step, "epoch": round(epoch + pos / max(1, len(batches)), 3),
-                "lr": lr_at(step - 1, total, cfg), "loss": float(acc_loss) / acc_n,
-                "step_loss": (acc_step_loss / acc_n).tolist(), "step_acc": acc, "est_tau": estimated_accept_length(acc),
-                "grad_norm": float(grad_norm), "tokens_per_s": acc_tokens / max(1e-9, now - t_log),
-                "elapsed_s": round(elapsed_before + now - t_start, 1),
-            }
-            _log(log_path, last)
-            if bar is not None:
-                bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{acc[0]:.3f}", tau=f"{last['est_tau']:.2f}")
-            acc_loss.zero_(), acc_step_loss.zero_(), acc_correct.zero_(), acc_count.zero_()
-            acc_tokens, acc_n, t_log = 0, 0, time.perf_counter()
-        if step % cfg.val_every == 0 or step == total:
-            val = validate()
-            if val is not None:
-                last_val = val
-                _log(log_path, val)
-        if time.perf_counter() - last_ckpt > 60 * cfg.ckpt_minutes:
-            save()
-            last_ckpt = time.perf_counter()
-    if bar is not None:
-        bar.close()
-    save()
-    head.eval()
-    return TrainResult(head, step, total, elapsed_before + time.perf_counter() - t_start, cover, last, last_val, stopped_early)
+    return run_training_loop(
+        head=head, opt=opt, run=run, cfg=cfg, device=device, train_data=train_data, val_list=val_list,
+        val_data=val_data, batches_of=batches_of, batches=batches, step=step, epoch=epoch, pos=pos, total=total,
+        elapsed_before=elapsed_before, t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path,
+        progress=progress, stop_after=stop_after, cover=cover, save_checkpoint=_save_mtp_checkpoint,
+    )

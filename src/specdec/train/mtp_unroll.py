@@ -34,7 +34,6 @@ target argmax over response rows.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .teacher import dense_forward

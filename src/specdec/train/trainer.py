@@ -298,6 +298,26 @@ def train_eagle3(
                 batch.response, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
             )
 
+    return run_training_loop(
+        head=head, opt=opt, run=run, cfg=cfg, device=device, train_data=train_data, val_list=val_list,
+        val_data=val_data, batches_of=batches_of, batches=batches, step=step, epoch=epoch, pos=pos, total=total,
+        elapsed_before=elapsed_before, t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path,
+        progress=progress, stop_after=stop_after, cover=cover, save_checkpoint=_save_checkpoint,
+    )
+
+
+def run_training_loop(
+    *, head, opt, run, cfg: TrainConfig, device, train_data, val_list, val_data, batches_of, batches,
+    step: int, epoch: int, pos: int, total: int, elapsed_before: float, t_start: float, work: Path,
+    fingerprint: str, log_path, progress: bool, stop_after, cover: float, save_checkpoint,
+) -> "TrainResult":
+    """The optimisation loop shared by every head trainer (EAGLE-3, MTP).
+
+    `run(batch, train=...)` returns the unroll result (loss, step_loss, correct, count) of one
+    batch; `save_checkpoint(work, head, state)` writes the head in its own layout plus the
+    optimizer state. Handles the time budget (the schedule is shortened to fit after timing
+    a few steps), logging, validation, periodic checkpoints and the progress bar.
+    """
     def validate() -> dict | None:
         if not val_list:
             return None
@@ -332,7 +352,7 @@ def train_eagle3(
     last_ckpt = time.perf_counter()
 
     def save():
-        _save_checkpoint(work, head, {
+        save_checkpoint(work, head, {
             "optimizer": opt.state_dict(), "step": step, "epoch": epoch, "pos": pos, "total_steps": total,
             "elapsed": elapsed_before + time.perf_counter() - t_start, "rng": torch.get_rng_state(),
             "data_fingerprint": fingerprint, "config": dataclasses.asdict(cfg),
