@@ -146,7 +146,8 @@ class SpecDecoder:
             emitted_after_prefill = len(req.token_ids) - 1
             mean = emitted_after_prefill / steps if steps else float("nan")
             stats = GenerationStats(steps, list(req.accepted_per_step), mean, lossless, req.finish_reason, seconds)
-            text = self.target.tokenizer.decode(req.token_ids) if self.target.tokenizer is not None else None
+            tok = self.target.tokenizer
+            text = tok.decode(req.token_ids, skip_special_tokens=True) if tok is not None else None
             results.append(GenerationResult(req.token_ids, text, stats, ids))
         self._warn_if_drafts_are_never_accepted(requests)
         return results
