@@ -14,7 +14,6 @@ float32, reloaded with `load_mtp` on resume) plus ``trainer_state.pt``.
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
 from specdec.drafters.mtp_model import MTPConfig, MTPModel
 
-from .data import epoch_batches, split_validation
+from .data import split_validation
 from .mtp_unroll import mtp_teacher_forward, mtp_unroll
 from .trainer import STATE_FILE, TrainConfig, TrainResult, _fingerprint, run_training_loop
 
@@ -128,27 +127,6 @@ def train_mtp(
     head = head.to(device).train()
     cover = 1.0
 
-    opt = torch.optim.AdamW(
-        head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=device.type == "cuda"
-    )
-    lengths = train_data.lengths.tolist()
-
-    def batches_of(epoch: int) -> list[list[int]]:
-        return epoch_batches(lengths, cfg.batch_tokens, seed=cfg.seed, epoch=epoch, max_len=cfg.max_len)
-
-    per_epoch = len(batches_of(0))
-    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch))
-    step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
-    if state is not None:
-        opt.load_state_dict(state["optimizer"])
-        step, epoch, pos = state["step"], state["epoch"], state["pos"]
-        total, elapsed_before = state["total_steps"], state["elapsed"]
-        torch.set_rng_state(state["rng"])
-    batches = batches_of(epoch)
-    val_list = []
-    if val_data is not None and cfg.val_batches:
-        val_list = epoch_batches(val_data.lengths.tolist(), cfg.batch_tokens, seed=cfg.seed, epoch=0, max_len=cfg.max_len)
-        val_list = val_list[: cfg.val_batches]
 
     teacher_fn, unroll_fn = mtp_teacher_forward, mtp_unroll
     if cfg.compile:
@@ -169,8 +147,7 @@ def train_mtp(
             )
 
     return run_training_loop(
-        head=head, opt=opt, run=run, cfg=cfg, device=device, train_data=train_data, val_list=val_list,
-        val_data=val_data, batches_of=batches_of, batches=batches, step=step, epoch=epoch, pos=pos, total=total,
-        elapsed_before=elapsed_before, t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path,
-        progress=progress, stop_after=stop_after, cover=cover, save_checkpoint=_save_mtp_checkpoint,
+        head=head, run=run, cfg=cfg, device=device, train_data=train_data, val_data=val_data, state=state,
+        t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path, progress=progress,
+        stop_after=stop_after, cover=cover, save_checkpoint=_save_mtp_checkpoint,
     )

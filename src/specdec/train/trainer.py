@@ -258,6 +258,44 @@ def train_eagle3(
     cover = coverage(counts, head.t2d.cpu())
     layers = head.config.capture_layers
 
+
+    teacher_fn, unroll_fn = teacher_forward, ttt_unroll
+    if cfg.compile:
+        teacher_fn = torch.compile(teacher_forward)  # shapes become dynamic on the first recompile
+        unroll_fn = torch.compile(ttt_unroll)
+    embed = target.model.embed
+    target_ids = head.target_ids()
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else torch.autocast("cpu", enabled=False)
+
+    def run(batch, *, train: bool):
+        with autocast():
+            teacher = teacher_fn(target.model, batch.tokens, layers, target_ids)
+            return unroll_fn(
+                head, embed, teacher.captured, batch.tokens, teacher.logits, teacher.argmax, batch.weights,
+                batch.response, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
+            )
+
+    return run_training_loop(
+        head=head, run=run, cfg=cfg, device=device, train_data=train_data, val_data=val_data, state=state,
+        t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path, progress=progress,
+        stop_after=stop_after, cover=cover, save_checkpoint=_save_checkpoint,
+    )
+
+
+def run_training_loop(
+    *, head, run, cfg: TrainConfig, device, train_data, val_data, state: dict | None, t_start: float,
+    work: Path, fingerprint: str, log_path, progress: bool, stop_after, cover: float, save_checkpoint,
+) -> "TrainResult":
+    """The optimisation loop shared by every head trainer (EAGLE-3, MTP).
+
+    `run(batch, train=...)` returns the unroll result (loss, step_loss, correct, count) of one
+    batch; `save_checkpoint(work, head, state)` writes the head in its own layout plus the
+    optimizer state. Handles the time budget (the schedule is shortened to fit after timing
+    a few steps), logging, validation, periodic checkpoints and the progress bar; `state` is a
+    resumed checkpoint's optimizer/schedule state, or None.
+    """
     opt = torch.optim.AdamW(
         head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=device.type == "cuda"
     )
@@ -279,45 +317,6 @@ def train_eagle3(
     if val_data is not None and cfg.val_batches:
         val_list = epoch_batches(val_data.lengths.tolist(), cfg.batch_tokens, seed=cfg.seed, epoch=0, max_len=cfg.max_len)
         val_list = val_list[: cfg.val_batches]
-
-    teacher_fn, unroll_fn = teacher_forward, ttt_unroll
-    if cfg.compile:
-        teacher_fn = torch.compile(teacher_forward)  # shapes become dynamic on the first recompile
-        unroll_fn = torch.compile(ttt_unroll)
-    embed = target.model.embed
-    target_ids = head.target_ids()
-
-    def autocast():
-        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else torch.autocast("cpu", enabled=False)
-
-    def run(batch, *, train: bool):
-        with autocast():
-            teacher = teacher_fn(target.model, batch.tokens, layers, target_ids)
-            return unroll_fn(
-                head, embed, teacher.captured, batch.tokens, teacher.logits, teacher.argmax, batch.weights,
-                batch.response, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
-            )
-
-    return run_training_loop(
-        head=head, opt=opt, run=run, cfg=cfg, device=device, train_data=train_data, val_list=val_list,
-        val_data=val_data, batches_of=batches_of, batches=batches, step=step, epoch=epoch, pos=pos, total=total,
-        elapsed_before=elapsed_before, t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path,
-        progress=progress, stop_after=stop_after, cover=cover, save_checkpoint=_save_checkpoint,
-    )
-
-
-def run_training_loop(
-    *, head, opt, run, cfg: TrainConfig, device, train_data, val_list, val_data, batches_of, batches,
-    step: int, epoch: int, pos: int, total: int, elapsed_before: float, t_start: float, work: Path,
-    fingerprint: str, log_path, progress: bool, stop_after, cover: float, save_checkpoint,
-) -> "TrainResult":
-    """The optimisation loop shared by every head trainer (EAGLE-3, MTP).
-
-    `run(batch, train=...)` returns the unroll result (loss, step_loss, correct, count) of one
-    batch; `save_checkpoint(work, head, state)` writes the head in its own layout plus the
-    optimizer state. Handles the time budget (the schedule is shortened to fit after timing
-    a few steps), logging, validation, periodic checkpoints and the progress bar.
-    """
     def validate() -> dict | None:
         if not val_list:
             return None
