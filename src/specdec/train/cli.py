@@ -239,14 +239,18 @@ def _cmd_mtp(args, argv) -> int:
 
 # --------------------------------------------------------------------------- others
 def _cmd_eval(args, argv) -> int:
-    from .evaluate import evaluate_head, format_table
+    from .evaluate import HEADLESS_DRAFTERS, evaluate_head, format_table
 
     device = _device(args.device)
     target = _load_target(args, device)
     prompts = _prompts_for_eval(args)
-    rows = evaluate_head(target, Path(args.head).expanduser(), prompts, setups=tuple(args.eval_setups.split(",")),
+    headless = args.drafter in HEADLESS_DRAFTERS
+    if headless == (args.head is not None):
+        raise SystemExit(f"--drafter {args.drafter} " + ("takes no --head" if headless else "needs --head"))
+    head = None if headless else Path(args.head).expanduser()
+    rows = evaluate_head(target, head, prompts, setups=tuple(args.eval_setups.split(",")),
                          batch_size=args.eval_batch_size, max_new_tokens=args.eval_max_new_tokens, drafter=args.drafter)
-    print(format_table(rows, title=f"{args.head} on {len(prompts)} held-out prompts ({args.eval_source}), greedy, "
+    print(format_table(rows, title=f"{args.head or args.drafter} on {len(prompts)} held-out prompts ({args.eval_source}), greedy, "
                                    f"{args.eval_max_new_tokens} new tokens, {device}"))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
@@ -343,8 +347,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="acceptance length and speed of a head on held-out prompts")
     p.add_argument("--target", required=True)
-    p.add_argument("--head", required=True, help="EAGLE-3 (or, with --drafter mtp, MTP) checkpoint folder")
-    p.add_argument("--drafter", choices=("eagle3", "mtp"), default="eagle3", help="the drafter that runs the head")
+    p.add_argument("--head", default=None, help="EAGLE-3 (or, with --drafter mtp, MTP) checkpoint folder; none for ngram")
+    p.add_argument("--drafter", choices=("eagle3", "mtp", "ngram"), default="eagle3",
+                   help="the drafter of the drafted setups (ngram: model-free, no --head)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)

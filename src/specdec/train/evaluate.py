@@ -1,7 +1,8 @@
 """Evaluation of a draft head: mean acceptance length and speed on held-out prompts.
 
-Owns the standard setups (target-only; EAGLE-3 linear drafting with 5 draft tokens; EAGLE-3
-dynamic tree of depth 6, top-K 8, 48 draft nodes), running them through `SpecDecoder`
+Owns the standard setups (target-only; for a head (eagle3, mtp) linear drafting with 5 draft
+tokens and a dynamic tree of depth 6, top-K 8, 48 draft nodes; for ngram a chain of 8 and a
+tree of depth 8 with 4 branches), running them through `SpecDecoder`
 (greedy), and the table. Acceptance length tau = tokens emitted per target forward after
 prefill, summed over prompts (sum of (new tokens - 1) / sum of steps), the same quantity as
 `GenerationStats.mean_accept_length`; it includes the bonus token, so target-only gives 1.
@@ -19,16 +20,31 @@ from specdec.decoder import SpecDecoder
 
 from .prompts import Prompt, encode_prompt
 
-__all__ = ["SETUPS", "evaluate_head", "format_table"]
+__all__ = ["DRAFTER_SETUPS", "SETUPS", "evaluate_head", "format_table"]
 
-SETUPS = {
-    "target": ("target-only", SpecConfig(drafter="none")),
-    "linear": ("eagle3 linear D=5", SpecConfig(drafter="eagle3", tree="linear", max_draft_len=5)),
-    "tree": (
-        "eagle3 tree D=6 K=8 N=48",
-        SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
-    ),
+def _standard(drafter: str) -> dict[str, tuple[str, SpecConfig]]:
+    return {
+        "linear": (f"{drafter} linear D=5", SpecConfig(drafter=drafter, tree="linear", max_draft_len=5)),
+        "tree": (
+            f"{drafter} tree D=6 K=8 N=48",
+            SpecConfig(drafter=drafter, tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
+        ),
+    }
+
+
+TARGET_ONLY = ("target-only", SpecConfig(drafter="none"))
+# Per drafter: the drafted setups. Model heads use the EAGLE-3 paper's shapes; n-gram drafting
+# costs no forward, so it goes deep (D=8) with up to 4 branches (as examples/bench_acceptance_ngram.py).
+DRAFTER_SETUPS = {
+    "eagle3": _standard("eagle3"),
+    "mtp": _standard("mtp"),
+    "ngram": {
+        "linear": ("ngram chain D=8", SpecConfig(drafter="ngram", tree="linear", max_draft_len=8)),
+        "tree": ("ngram tree D=8 K=4", SpecConfig(drafter="ngram", tree="dynamic", max_draft_len=8, topk=4)),
+    },
 }
+SETUPS = ("target", "linear", "tree")
+HEADLESS_DRAFTERS = ("ngram",)
 
 
 def _sync(device: torch.device) -> None:
@@ -52,16 +68,22 @@ def evaluate_head(
 
     Args:
         target: a loaded `Target` (its device and dtype are used).
-        head: the EAGLE-3 head: a checkpoint folder or an `Eagle3Model`.
-        setups: keys of `SETUPS`.
-        drafter: the drafter the non-target setups run ("eagle3", or "mtp" for an MTP head).
+        head: the draft model: a checkpoint folder or a loaded head; None for a drafter
+            without a model ("ngram").
+        setups: members of `SETUPS`.
+        drafter: the drafter the non-target setups run: a key of `DRAFTER_SETUPS`.
     Returns:
         one dict per setup: name, prompts, tau, tau_code, tau_chat, new_tokens, seconds,
         tokens_per_s, same_as_target (share of outputs equal to target-only's, when run).
     """
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
-        raise ValueError(f"unknown setups {unknown}; allowed: {sorted(SETUPS)}")
+        raise ValueError(f"unknown setups {unknown}; allowed: {list(SETUPS)}")
+    if drafter not in DRAFTER_SETUPS:
+        raise ValueError(f"drafter={drafter!r} has no evaluation setups; allowed: {sorted(DRAFTER_SETUPS)}")
+    if (head is None) != (drafter in HEADLESS_DRAFTERS):
+        need = "no head" if drafter in HEADLESS_DRAFTERS else "a head (checkpoint folder or model)"
+        raise ValueError(f"drafter={drafter!r} needs {need}; got head={head!r}")
     if not prompts:
         raise ValueError("evaluate_head needs at least one prompt")
     device = next(target.model.parameters()).device
@@ -70,9 +92,7 @@ def evaluate_head(
     longest = max(len(x) for x in ids)
     rows, reference = [], None
     for key in setups:
-        name, base = SETUPS[key]
-        if key != "target" and drafter != base.drafter:
-            name, base = name.replace(base.drafter, drafter), base.replace(drafter=drafter)
+        name, base = TARGET_ONLY if key == "target" else DRAFTER_SETUPS[drafter][key]
         n_slots = base.num_tree_slots if key != "target" else 1
         max_seq_len = -(-(longest + max_new_tokens + n_slots + 1) // 16) * 16
         config = base.replace(max_batch_size=min(batch_size, len(ids)), max_seq_len=max_seq_len, kv_block_size=16)

@@ -127,7 +127,6 @@ def train_mtp(
     head = head.to(device).train()
     cover = 1.0
 
-
     teacher_fn, unroll_fn = mtp_teacher_forward, mtp_unroll
     if cfg.compile:
         teacher_fn = torch.compile(mtp_teacher_forward)  # shapes become dynamic on the first recompile
