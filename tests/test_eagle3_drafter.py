@@ -273,5 +273,5 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     s.prefill(0, 5)
     inp = s.inputs()
     inp.hidden = torch.zeros(3, cfg.num_tree_slots, 2 * D_T)
-    with pytest.raises(ValueError, match="DraftInput.hidden has width 64; the head reads 96"):
+    with pytest.raises(ValueError, match=r"DraftInput.hidden has width 64; the EAGLE-3 head reads the captured target states .* of width 96"):
         d.propose(inp)

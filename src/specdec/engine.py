@@ -203,7 +203,7 @@ class SpecEngine:
     def step(self) -> None:
         """One speculative step for every active slot, ending in the token hand-off."""
         s = self.strategies
-        B, N = self.config.max_batch_size, self.num_slots_tree
+        N = self.num_slots_tree
         kv_len = 0
         for slot, request in enumerate(self.requests):  # host: back the tree's KV slots
             if request is not None:

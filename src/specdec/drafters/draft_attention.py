@@ -8,16 +8,41 @@ sets at once: the gathered prefix (visible below `committed_len`) and the node k
 (visible along the ancestor mask). One softmax spans both, so this is exact attention.
 
 Everything here is a plain PyTorch reference in float32 or wider (fixed shapes, no host sync);
-rows that see no key output 0. Owns no state.
+rows that see no key output 0. Owns no state. `causal_attend` is the plain causal rule over a
+call's own rows (prompt ingest, training).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 
 from specdec.runtime.kv_cache import PagedKVCache
 
-__all__ = ["gather_prefix", "masked_attention"]
+__all__ = ["causal_attend", "gather_prefix", "masked_attention"]
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def causal_attend(scale: float) -> Attend:
+    """Plain causal attention over the call's own rows ([B, T, H, hd] in and out), computed in
+    float32 or wider."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2).to(dtype),
+            k.transpose(1, 2).to(dtype),
+            v.transpose(1, 2).to(dtype),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.transpose(1, 2).to(q.dtype)
+
+    return attend
 
 
 def gather_prefix(cache: PagedKVCache, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:

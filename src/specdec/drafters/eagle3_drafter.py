@@ -1,24 +1,11 @@
-"""`Eagle3Drafter`: the EAGLE-3 draft loop over its own paged draft KV (the `Drafter` protocol).
+"""`Eagle3Drafter`: EAGLE-3 drafting (the `Drafter` protocol) through the shared draft loop of
+`head_drafter.HeadDrafter`.
 
-Owns the per-slot draft state: the draft KV of every committed position (one-layer
-`PagedKVCache`), and for each slot the draft layer's output at the newest committed position
-(`ctx_hidden`) with the draft logits there (`root_logits`: the root's child distribution).
-
-Positions. Draft row p pairs the target state at position p with the token at p + 1 and
-uses RoPE position p; its K/V lives at draft position p. So after a step the draft KV holds
-exactly the committed positions [0, committed_len), the same as the target's.
-
-Each `propose`:
-1. ingest: per slot, the accepted path of the last step (accept_length + 1 rows, padded to
-   D + 1 with masked rows) at positions committed_len - a - 1 .. committed_len - 1; their
-   K/V overwrite whatever the draft wrote there before (drafts are never stored in the
-   paged cache, so nothing else needs correcting). The last valid row becomes
-   `ctx_hidden` / `root_logits`.
-2. draft: D - 1 fixed-shape forwards of F rows per slot (F = K for the EAGLE-2 tree, else 1)
-   at positions committed_len + depth - 1, whose K/V stays in a per-propose tensor and is
-   seen along the ancestor mask (`draft_attention`). Tree selection is `dynamic_tree`.
-No `.item()` and no branching on tensor values in `propose`; `prefill` and `reset_slot`
-are host-side, between steps.
+What is EAGLE-3's own: the first row of each call (prompt ingest, accepted paths) reads the
+captured target layers ([.., n_capture * d_t], fused by the head's ``fc``) and later draft
+rows read the draft layer's own output (``first_step``); the head predicts over a draft
+vocabulary of Vd ids, mapped to target ids through ``d2t`` for the tree and scattered into the
+full vocabulary for `draft_probs`.
 """
 
 from __future__ import annotations
@@ -26,21 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from specdec.config import ConfigError, SpecConfig
-from specdec.runtime.kv_cache import PagedKVCache
-from specdec.strategies import DraftInput
-from specdec.types import DraftTree
 
-from .draft_attention import gather_prefix, masked_attention
-from .dynamic_tree import eagle2_tree, group_sizes, sampled_tree
 from .eagle3_model import Eagle3Model
+from .head_drafter import HeadDrafter
 
 __all__ = ["Eagle3Drafter"]
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(HeadDrafter):
     """EAGLE-3 drafting, linear chain or EAGLE-2 dynamic tree.
 
     Args:
@@ -58,6 +40,8 @@ class Eagle3Drafter:
 
     needs_hidden_states = True  # captured target layers, [.., n_capture * d_t]
     needs_last_hidden = False
+    kind = "EAGLE-3 head"
+    hidden_name = "the captured target states (num_capture * target_hidden_size)"
 
     def __init__(
         self,
@@ -73,207 +57,21 @@ class Eagle3Drafter:
             if model.embed_tokens is None:
                 raise ConfigError("the EAGLE-3 head has no embed_tokens; pass the target's embedding (embed=...)")
             embed = model.embed_tokens
-        self.model = model.eval()
-        self.embed = embed
-        self.samples_drafts = bool(samples_drafts)
-        self.num_tree_slots = config.num_tree_slots  # N
-        self.depth = config.max_draft_len  # D
-        self.dynamic = config.tree == "dynamic"
-        self.topk = config.topk if self.dynamic else 1  # K
-        self.budget = config.max_total_draft_tokens  # N - 1
-        self.max_seq_len = config.max_seq_len
-        if self.dynamic and self.topk > mcfg.draft_vocab_size:
-            raise ConfigError(f"topk={self.topk} exceeds the head's draft vocabulary ({mcfg.draft_vocab_size})")
-        # sampled trees draw whole groups (see dynamic_tree.sampled_tree)
-        self.group_sizes = group_sizes(self.budget, self.depth, self.topk) if self.samples_drafts else None
-        p = next(model.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        B = config.max_batch_size
-        blocks_per_seq = -(-config.max_seq_len // config.kv_block_size)
-        self.cache = PagedKVCache(
-            1,
-            mcfg.num_key_value_heads,
-            mcfg.head_dim,
-            max_batch_size=B,
-            max_seq_len=config.max_seq_len,
-            block_size=config.kv_block_size,
-            num_blocks=B * blocks_per_seq,
-            device=self.device,
-            dtype=self.dtype,
+        super().__init__(
+            model, config, embed=embed, hidden_size=mcfg.hidden_size, num_kv_heads=mcfg.num_key_value_heads,
+            head_dim=mcfg.head_dim, draft_vocab_size=mcfg.draft_vocab_size, hidden_width=mcfg.fc_in_features,
+            samples_drafts=samples_drafts, seed=seed,
         )
-        self.scale = mcfg.head_dim**-0.5
-        self.ctx_hidden = torch.zeros(B, mcfg.hidden_size, device=self.device, dtype=self.dtype)  # [B, d]
-        logit_dtype = torch.promote_types(self.dtype, torch.float32)
-        self.root_logits = torch.zeros(B, mcfg.draft_vocab_size, device=self.device, dtype=logit_dtype)  # [B, Vd]
-        self.live = torch.zeros(B, dtype=torch.bool, device=self.device)  # [B] slot has draft state
         self.target_ids = model.target_ids()  # [Vd] int64
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
 
-    # ------------------------------------------------------------------ host side
-    def _check_slot(self, slot: int) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.cache.max_batch_size:
-            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.cache.max_batch_size})")
+    def _forward(self, embeds, hidden, positions, attend, *, first: bool):
+        return self.model(embeds, hidden, positions, attend, first_step=first)
 
-    @torch.no_grad()
-    def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """Ingest a prompt: draft rows p = (target state at p, token at p + 1), p = 0..L-1.
+    def _to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.draft_to_target(draft_tokens)
 
-        Args:
-            next_tokens: [L] int64, the prompt shifted by one plus the first generated token.
-            hidden: [L, n_capture * d_t] captured target states at positions 0..L-1.
-        """
-        self._check_slot(slot)
-        if hidden is None:
-            raise ValueError("the EAGLE-3 drafter needs the captured target states (hidden=None given)")
-        L = next_tokens.shape[0]
-        if hidden.dim() != 2 or hidden.shape[0] != L:
-            raise ValueError(f"hidden has shape {tuple(hidden.shape)}; expected [{L}, n_capture * d_t] for {L} tokens")
-        if not 1 <= L <= self.max_seq_len:
-            raise ValueError(f"prompt of {L} tokens is out of range; allowed: [1, max_seq_len={self.max_seq_len}]")
-        self.cache.free(slot)
-        self.cache.reserve(slot, self.max_seq_len)
-        slots = torch.tensor([slot], device=self.device)
-        positions = torch.arange(L, device=self.device)[None]  # [1, L]
-        index = self.cache.write_index(slots, positions, torch.ones_like(positions, dtype=torch.bool))
-
-        def attend(q, k, v):  # causal over the prompt's own rows
-            self.cache.write(0, k, v, index)
-            dtype = torch.promote_types(q.dtype, torch.float32)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2).to(dtype),
-                k.transpose(1, 2).to(dtype),
-                v.transpose(1, 2).to(dtype),
-                is_causal=True,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            return out.transpose(1, 2).to(q.dtype)
-
-        embeds = self.embed(next_tokens.to(self.device)[None])  # [1, L, d]
-        out, logits = self.model(embeds, hidden.to(self.device, self.dtype)[None], positions, attend, first_step=True)
-        self.ctx_hidden[slot] = out[0, -1]
-        self.root_logits[slot] = logits[0, -1]
-        self.live[slot] = True
-
-    def reset_slot(self, slot: int) -> None:
-        """Forget `slot`: its blocks go back to the pool and it drafts root-only trees until the next prefill."""
-        self._check_slot(slot)
-        self.cache.free(slot)
-        self.live[slot] = False
-
-    # ------------------------------------------------------------------ device side
-    def _ingest(self, inputs: DraftInput, live: torch.Tensor):
-        """Run the accepted paths; returns the gathered draft-KV prefix and its visibility."""
-        B = live.shape[0]
-        R = self.depth + 1  # longest accepted path: D drafts + the bonus
-        S = self.max_seq_len
-        slots = torch.arange(B, device=self.device)
-        committed = inputs.committed_len.to(self.device)  # [B]
-        if inputs.hidden is None:
-            return (*gather_prefix(self.cache, slots, S), committed)
-        a = inputs.accept_length.to(self.device)  # [B], -1 = nothing new
-        j = torch.arange(R, device=self.device)[None]  # [1, R]
-        valid = live[:, None] & (j <= a[:, None])  # [B, R]
-        positions = (committed - a - 1)[:, None] + j  # [B, R]
-        positions = torch.where(valid, positions, 0)
-        tokens = torch.where(valid, inputs.accept_tokens[:, :R].to(self.device), 0)
-        hidden = inputs.hidden[:, :R].to(self.device, self.dtype)
-        hidden = torch.where(valid[..., None], hidden, 0)  # rows past a are undefined (maybe NaN)
-        index = self.cache.write_index(slots, positions, valid)
-        prefix = {}
-
-        def attend(q, k, v):
-            self.cache.write(0, k, v, index)
-            pk, pv = gather_prefix(self.cache, slots, S)
-            key_pos = torch.arange(S, device=self.device)[None, None]  # [1, 1, S]
-            visible = (key_pos <= positions[:, :, None]) & valid[:, :, None]  # [B, R, S]
-            prefix.update(k=pk, v=pv)
-            return masked_attention(q, [(pk, pv, visible)], scale=self.scale)
-
-        out, logits = self.model(self.embed(tokens), hidden, positions, attend, first_step=True)
-        last = a.clamp(min=0)[:, None]  # [B, 1]
-        ingested = valid[:, :1]  # [B, 1]
-        new_ctx = torch.gather(out, 1, last[..., None].expand(-1, -1, out.shape[-1]))[:, 0]
-        new_logits = torch.gather(logits, 1, last[..., None].expand(-1, -1, logits.shape[-1]))[:, 0]
-        self.ctx_hidden = torch.where(ingested, new_ctx, self.ctx_hidden)
-        self.root_logits = torch.where(ingested, new_logits, self.root_logits)
-        return prefix["k"], prefix["v"], committed
-
-    def _log_dist(self, logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
-        """Draft log-distribution [..., Vd]; tempered per slot when drafts are sampled."""
-        if self.samples_drafts and temperature is not None:
-            t = torch.where(temperature > 0, temperature, 1.0).to(logits.device)
-            logits = logits / t.view(-1, *([1] * (logits.dim() - 1)))
-        return torch.log_softmax(logits, dim=-1)
-
-    @torch.no_grad()
-    def propose(self, inputs: DraftInput) -> DraftTree:
-        """Ingest last step's accepted paths, then draft every slot's tree ([B, N], fixed shape)."""
-        live = self.live & inputs.active.to(self.device)  # [B]
-        if inputs.hidden is not None and inputs.hidden.shape[-1] != self.model.config.fc_in_features:
-            raise ValueError(
-                f"DraftInput.hidden has width {inputs.hidden.shape[-1]}; the head reads "
-                f"{self.model.config.fc_in_features} (num_capture * target_hidden_size)"
-            )
-        prefix_k, prefix_v, committed = self._ingest(inputs, live)
-        S = prefix_k.shape[1]
-        prefix_visible = torch.arange(S, device=self.device)[None] < committed[:, None]  # [B, S]
-        sampling = getattr(inputs, "sampling", None)
-        temperature = None if sampling is None else sampling.temperature
-        B = live.shape[0]
-        state = dict(
-            hidden=self.ctx_hidden[:, None],  # [B, F_prev, d] outputs of the previous call's rows
-            anc=torch.zeros(B, 1, 0, dtype=torch.bool, device=self.device),  # [B, F_prev, M] ancestor keys
-            k=prefix_k.new_zeros(B, 0, *prefix_k.shape[2:]),  # [B, M, Hkv, hd] node keys so far
-            v=prefix_v.new_zeros(B, 0, *prefix_v.shape[2:]),
-            depth=0,
-        )
-
-        def step(tokens: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
-            Fr = tokens.shape[1]
-            hidden = torch.gather(state["hidden"], 1, parent_slot[..., None].expand(-1, -1, state["hidden"].shape[-1]))
-            anc = torch.gather(state["anc"], 1, parent_slot[..., None].expand(-1, -1, state["anc"].shape[-1]))
-            anc = torch.cat([anc, torch.eye(Fr, dtype=torch.bool, device=self.device).expand(B, Fr, Fr)], dim=2)
-            positions = (committed + state["depth"])[:, None].expand(B, Fr)  # [B, F]
-
-            def attend(q, k, v):
-                state["k"] = torch.cat([state["k"], k.to(prefix_k.dtype)], dim=1)
-                state["v"] = torch.cat([state["v"], v.to(prefix_v.dtype)], dim=1)
-                visible = prefix_visible[:, None].expand(B, Fr, S)
-                return masked_attention(q, [(prefix_k, prefix_v, visible), (state["k"], state["v"], anc)], scale=self.scale)
-
-            embeds = self.embed(self.model.draft_to_target(tokens))
-            out, logits = self.model(embeds, hidden, positions, attend, first_step=False)
-            state.update(hidden=out, anc=anc, depth=state["depth"] + 1)
-            return self._log_dist(logits, temperature)
-
-        root_logq = self._log_dist(self.root_logits, temperature)  # [B, Vd]
-        if self.samples_drafts:
-            gen = self.generator
-            grown = sampled_tree(
-                root_logq, step, sizes=self.group_sizes,
-                sample=lambda p, c: torch.multinomial(p, c, replacement=True, generator=gen),
-            )
-        else:
-            grown = eagle2_tree(root_logq, step, topk=self.topk, depth=self.depth, budget=self.budget)
-        return self._draft_tree(inputs.root_tokens.to(self.device), grown, live)
-
-    def _draft_tree(self, root_tokens: torch.Tensor, grown, live: torch.Tensor) -> DraftTree:
-        B, S = grown.tokens.shape
-        N = S + 1
-        keep = live[:, None]  # [B, 1]; other slots get a root-only tree
-        tokens = torch.cat([root_tokens[:, None], torch.where(keep, self.model.draft_to_target(grown.tokens), 0)], 1)
-        parents = torch.cat(
-            [torch.full((B, 1), -1, dtype=torch.int64, device=self.device), torch.where(keep, grown.parents, -1)], 1
-        )
-        num_nodes = torch.where(live, N, 1)  # [B]
-        draft_probs = None
-        if grown.dists is not None:
-            V = self.model.config.vocab_size
-            index = torch.cat([torch.zeros(B, 1, dtype=torch.int64, device=self.device), grown.dist_index], 1)  # [B, N]
-            rows = torch.gather(grown.dists, 1, index.clamp(min=0)[..., None].expand(-1, -1, grown.dists.shape[-1]))
-            rows = torch.where((index >= 0)[..., None] & keep[..., None], rows, 0.0)  # [B, N, Vd]
-            draft_probs = torch.zeros(B, N, V, device=self.device)
-            draft_probs.scatter_(2, self.target_ids.expand(B, N, -1), rows.float())  # [B, N, V] float32
-        return DraftTree(tokens=tokens, parents=parents, num_nodes=num_nodes, draft_probs=draft_probs)
+    def _full_probs(self, rows: torch.Tensor) -> torch.Tensor:
+        B, N, _ = rows.shape
+        probs = torch.zeros(B, N, self.model.config.vocab_size, device=self.device)  # [B, N, V] float32
+        probs.scatter_(2, self.target_ids.expand(B, N, -1), rows.float())
+        return probs

@@ -36,6 +36,8 @@ from specdec.models.config import RopeConfig
 from specdec.models.llama import RMSNorm
 from specdec.models.rope import Rotary, apply_rotary
 
+from .draft_attention import causal_attend
+
 __all__ = ["MTPConfig", "MTPModel", "MTPShapeError", "CONCAT_ORDERS", "init_random_"]
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -130,24 +132,6 @@ class MTPMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def causal_attend(scale: float) -> Attend:
-    """Plain causal attention over the call's own rows (training / reference path)."""
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2).to(dtype),
-            k.transpose(1, 2).to(dtype),
-            v.transpose(1, 2).to(dtype),
-            is_causal=True,
-            scale=scale,
-            enable_gqa=True,
-        )
-        return out.transpose(1, 2).to(q.dtype)
-
-    return attend
 
 
 class MTPModel(nn.Module):
