@@ -5,31 +5,26 @@ Subcommands:
 - ``eagle3``: the whole pipeline in one call: prompts -> the target's responses (cached in
   the work folder) -> draft vocabulary -> TTT training (resumable) -> the head in the official
   layout (bf16) with its log, curves and a TRAINING.md record -> optional evaluation.
-- ``mtp``: the same pipeline for an MTP head (`mtp_trainer`, `mtp_cli`): MTP-Eagle recursion
+- ``mtp``: the same pipeline (`pipeline`) for an MTP head (`mtp_trainer`): MTP-Eagle recursion
   on the target's last hidden state, saved in the standalone specdec MTP layout.
 - ``eval``: mean acceptance length and speed of a head on held-out prompts (a table).
 - ``prompts``: show or write prompts of a split (the frozen evaluation set is made with it).
 - ``plot``: redraw the curves PNG from a training log.
 
-Owns argument parsing, phase timing and the output folder; the work is in the sibling modules.
+Owns argument parsing; the pipeline (phases, data cache, record) is `pipeline`, the work is in
+the sibling modules.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 __all__ = ["main"]
-
-OUT_FILES = ("config.json", "model.safetensors", "training_curves.png", "train_log.jsonl", "TRAINING.md", "eval.json")
-
 
 def _target_path(spec: str):
     if spec.lower() == "smollm2":
@@ -52,22 +47,6 @@ def _dtype(spec: str) -> torch.dtype:
     return dtype
 
 
-class _Phases:
-    """Prints and records the wall time of each phase."""
-
-    def __init__(self):
-        self.start = time.perf_counter()
-        self.times: dict[str, float] = {}
-
-    def run(self, name: str, fn, *args, **kw):
-        print(f"[specdec.train] {name} ...", flush=True)
-        t0 = time.perf_counter()
-        out = fn(*args, **kw)
-        self.times[name] = time.perf_counter() - t0
-        print(f"[specdec.train] {name}: {self.times[name]:.1f} s (total {time.perf_counter() - self.start:.1f} s)", flush=True)
-        return out
-
-
 def _load_target(args, device):
     from specdec.models import load_target
 
@@ -75,44 +54,13 @@ def _load_target(args, device):
 
 
 def _prompts_for_eval(args):
-    from .prompts import frozen_heldout_prompts, heldout_prompts
+    from .prompts import frozen_edit_prompts, frozen_heldout_prompts, heldout_prompts
 
     if args.eval_source == "frozen":
         return frozen_heldout_prompts(args.eval_prompts)
+    if args.eval_source == "edit":
+        return frozen_edit_prompts(args.eval_prompts)
     return heldout_prompts(args.eval_prompts, args.seed)
-
-
-# --------------------------------------------------------------------------- eagle3
-def _data(args, target, work: Path, phases: _Phases):
-    from .distill import DistillData, build_distill_data
-    from .prompts import sample_prompts
-
-    settings = dict(
-        target=str(args.target), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-        max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed, roots=args.roots,
-    )
-    path = work / "data.pt"
-    if path.is_file() and not args.regenerate:
-        data = DistillData.load(path)
-        if data.meta.get("settings") == settings:
-            print(f"[specdec.train] reusing {path}: {len(data)} sequences, {data.meta.get('total_tokens')} tokens")
-            return data
-        print(f"[specdec.train] {path} was made with other settings; regenerating")
-    prompts = phases.run("prompts", sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
-    deadline = None if args.gen_minutes is None else time.perf_counter() + 60 * args.gen_minutes
-    data = phases.run(
-        "generate", build_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
-        batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
-        seed=args.seed, deadline=deadline, cuda_graph=args.gen_cuda_graph != "off",
-    )
-    data.meta["settings"] = settings
-    m = data.meta
-    secs = max(m["seconds"], 1e-9)
-    print(f"[specdec.train] data: {len(data)} sequences ({m['prompts_not_reached']} prompts not reached, "
-          f"{m['prompts_too_long']} too long), {m['response_tokens']} response / {m['total_tokens']} total tokens, "
-          f"{m['response_tokens'] / secs:.0f} generated tok/s")
-    data.save(path)
-    return data
 
 
 def _train_config(args):
@@ -127,114 +75,11 @@ def _train_config(args):
     )
 
 
-def _head_bytes(out: Path) -> int:
-    return (out / "model.safetensors").stat().st_size
+def _cmd_train(args, argv) -> int:
+    from .pipeline import RECIPES, run_pipeline
 
-
-def _record(out: Path, args, argv, data, cfg, result, phases: _Phases, eval_rows) -> None:
-    from dataclasses import asdict
-
-    from .evaluate import format_table
-
-    head = result.head
-    n_params = sum(p.numel() for p in head.parameters())
-    dev = next(head.parameters()).device
-    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
-    lines = [
-        f"# EAGLE-3 head for `{args.target}`",
-        "",
-        "Trained by specdec (`specdec.train`); official EAGLE-3 layout (config.json + model.safetensors, bf16).",
-        "",
-        "## Command",
-        "",
-        "```",
-        "python -m specdec.train " + shlex.join(argv),
-        "```",
-        "",
-        f"Machine: {machine}; torch {torch.__version__}; Python {platform.python_version()}.",
-        "",
-        "## Data (self-distillation)",
-        "",
-        f"- prompts: {data.meta.get('prompts_asked')} asked, drawn from this machine's Python source ({args.roots}; "
-        f"train split by source file), {len(data)} answered; kinds: " + ", ".join(
-            f"{k} {data.kinds.count(k)}" for k in sorted(set(data.kinds))),
-        f"- responses: the target's own greedy answers (temperature {data.meta.get('temperature')}), at most "
-        f"{data.meta.get('max_new_tokens')} new tokens; {data.meta.get('response_tokens')} response tokens, "
-        f"{data.meta.get('total_tokens')} tokens with prompts; generated in {data.meta.get('seconds')} s",
-        "",
-        "## Head",
-        "",
-        f"- parameters: {n_params:,} ({_head_bytes(out) / 1e6:.2f} MB file); draft vocabulary "
-        f"{head.config.draft_vocab_size} tokens covering {result.coverage:.1%} of the training targets",
-        f"- capture layers (output convention): {head.config.capture_layers}; fc_norm: {head.config.fc_norm}",
-        "",
-        "## Training",
-        "",
-        f"- {result.steps} steps of {result.total_steps} planned, {result.seconds / 60:.1f} min"
-        + (" (stopped by the time budget)" if result.stopped_early else ""),
-        f"- config: `{json.dumps(asdict(cfg))}`",
-        f"- last train record: `{json.dumps(result.last)}`",
-        f"- last validation record: `{json.dumps(result.last_val)}`",
-        "",
-        "## Phase times (s)",
-        "",
-        ", ".join(f"{k} {v:.1f}" for k, v in phases.times.items()),
-        "",
-    ]
-    if eval_rows:
-        lines += ["## Evaluation (held-out prompts, greedy)", "", format_table(eval_rows), ""]
-    (out / "TRAINING.md").write_text("\n".join(lines), encoding="utf-8")
-
-
-def _cmd_eagle3(args, argv) -> int:
-    from specdec.drafters.eagle3_checkpoint import save_eagle3
-
-    from .evaluate import evaluate_head, format_table
-    from .trainer import train_eagle3
-
-    phases = _Phases()
-    device = _device(args.device)
-    out = Path(args.out).expanduser()
-    work = Path(args.work).expanduser() if args.work else out.with_name(out.name + ".work")
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # keep float32 generation exact; training uses bf16 autocast
-    target = phases.run("load target", _load_target, args, device)
-    data = _data(args, target, work, phases)
-    cfg = _train_config(args)
-    log_path = out / "train_log.jsonl"
-    if not args.resume or not (work / "checkpoint").exists():
-        log_path.unlink(missing_ok=True)
-    result = phases.run("train", train_eagle3, target, data, cfg, work_dir=work, log_path=log_path, resume=args.resume)
-    save_eagle3(result.head, out, dtype=torch.bfloat16)
-    print(f"[specdec.train] head: {out / 'model.safetensors'} ({_head_bytes(out) / 1e6:.2f} MB, bf16)")
-    try:
-        from .plot import plot_training_log
-
-        phases.run("plot", plot_training_log, log_path, out / "training_curves.png", title=f"EAGLE-3 head for {args.target}")
-    except ImportError as e:
-        print(f"[specdec.train] no PNG: {e}; later: python -m specdec.train plot --log {log_path}")
-    _record(out, args, argv, data, cfg, result, phases, None)  # complete before the (long) evaluation
-    rows = None
-    if args.eval:
-        prompts = _prompts_for_eval(args)
-        setups = tuple(args.eval_setups.split(","))
-        rows = phases.run("eval", evaluate_head, target, out, prompts, setups=setups,
-                          batch_size=args.eval_batch_size, max_new_tokens=args.eval_max_new_tokens)
-        print(format_table(rows, title=f"held-out prompts ({args.eval_source}), greedy, {args.eval_max_new_tokens} new tokens"))
-        (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
-        _record(out, args, argv, data, cfg, result, phases, rows)
-    total = time.perf_counter() - phases.start
-    print(f"[specdec.train] done in {total:.1f} s; outputs in {out}: "
-          + ", ".join(f for f in OUT_FILES if (out / f).exists()))
-    return 0
-
-
-def _cmd_mtp(args, argv) -> int:
-    from .mtp_cli import cmd_mtp
-
-    return cmd_mtp(args, argv)
+    return run_pipeline(RECIPES[args.command](), args, argv, load_target=_load_target, device=_device(args.device),
+                        train_config=_train_config, eval_prompts=_prompts_for_eval)
 
 
 # --------------------------------------------------------------------------- others
@@ -284,8 +129,9 @@ def _cmd_plot(args, argv) -> int:
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--eval-source", choices=("frozen", "heldout"), default="frozen",
-                   help="frozen: the prompt set shipped with specdec (same on every machine); heldout: drawn here")
+    p.add_argument("--eval-source", choices=("frozen", "edit", "heldout"), default="frozen",
+                   help="frozen: the held-out set shipped with specdec (same on every machine); edit: the shipped "
+                        "repetitive set (repeat a given file with a rename, copy a list); heldout: drawn here")
     p.add_argument("--eval-prompts", type=int, default=None, help="number of held-out prompts (default: all frozen)")
     p.add_argument("--eval-batch-size", type=int, default=16)
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
@@ -339,11 +185,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eagle3", help="self-distill data, train an EAGLE-3 head with TTT, export (and evaluate) it")
     _pipeline_args(p)
-    p.set_defaults(fn=_cmd_eagle3)
+    p.set_defaults(fn=_cmd_train)
 
     p = sub.add_parser("mtp", help="the same pipeline for an MTP head (MTP-Eagle recursion on the target's last hidden state)")
     _pipeline_args(p)
-    p.set_defaults(fn=_cmd_mtp)
+    p.set_defaults(fn=_cmd_train)
 
     p = sub.add_parser("eval", help="acceptance length and speed of a head on held-out prompts")
     p.add_argument("--target", required=True)

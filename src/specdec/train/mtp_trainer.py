@@ -14,18 +14,13 @@ float32, reloaded with `load_mtp` on resume) plus ``trainer_state.pt``.
 
 from __future__ import annotations
 
-import shutil
-import time
-from pathlib import Path
-
 import torch
 
 from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
 from specdec.drafters.mtp_model import MTPConfig, MTPModel
 
-from .data import split_validation
 from .mtp_unroll import mtp_teacher_forward, mtp_unroll
-from .trainer import STATE_FILE, TrainConfig, TrainResult, _fingerprint, run_training_loop
+from .trainer import TrainConfig, TrainResult, checkpoint_saver, prepare_run, run_training_loop
 
 __all__ = ["build_mtp_head", "train_mtp"]
 
@@ -62,18 +57,6 @@ def build_mtp_head(target, cfg: TrainConfig) -> MTPModel:
     return head
 
 
-def _save_mtp_checkpoint(work: Path, head: MTPModel, state: dict) -> None:
-    tmp, final, old = work / "checkpoint.tmp", work / "checkpoint", work / "checkpoint.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_mtp(head, tmp)  # float32, standalone layout
-    torch.save(state, tmp / STATE_FILE)
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def train_mtp(
     target,
     data,
@@ -98,34 +81,12 @@ def train_mtp(
         `TrainResult` with the trained `MTPModel` (float32, on the target's device); coverage is 1.0
         (the head predicts over the full vocabulary).
     """
-    t_start = time.perf_counter()
-    work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    log_path = Path(log_path) if log_path is not None else None
-    device = next(target.model.parameters()).device
-    use_amp = cfg.amp and device.type == "cuda"
-    torch.manual_seed(cfg.seed)
-    if len(data) < 2:
-        raise ValueError(f"{len(data)} training sequences; need at least 2")
-
-    train_idx, val_idx = split_validation(len(data), cfg.val_fraction, cfg.seed)
-    train_data = data.subset(train_idx)
-    val_data = data.subset(val_idx) if val_idx else None
-    fingerprint = _fingerprint(data)
-    ckpt = work / "checkpoint"
-    state = None
-    if resume and (ckpt / STATE_FILE).is_file():
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
-        if state["data_fingerprint"] != fingerprint:
-            raise ValueError(
-                f"{ckpt} was trained on other data (fingerprint {state['data_fingerprint'][:12]} != "
-                f"{fingerprint[:12]}); pass resume=False (--no-resume) or another work dir"
-            )
-        head = load_mtp(ckpt, layout="specdec", device="cpu", dtype=torch.float32)
+    run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume)
+    if run_setup.state is not None:
+        head = load_mtp(run_setup.checkpoint, layout="specdec", device="cpu", dtype=torch.float32)
     else:
         head = build_mtp_head(target, cfg)
-    head = head.to(device).train()
-    cover = 1.0
+    head = head.to(run_setup.device).train()
 
     teacher_fn, unroll_fn = mtp_teacher_forward, mtp_unroll
     if cfg.compile:
@@ -134,11 +95,8 @@ def train_mtp(
     embed = target.model.embed
     lm_head = target.model.lm_head  # frozen, shared
 
-    def autocast():
-        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else torch.autocast("cpu", enabled=False)
-
     def run(batch, *, train: bool):
-        with autocast():
+        with run_setup.autocast():
             teacher = teacher_fn(target.model, batch.tokens)
             return unroll_fn(
                 head, embed, lm_head, teacher.last_hidden, batch.tokens, teacher.logits, teacher.argmax, batch.weights,
@@ -146,7 +104,6 @@ def train_mtp(
             )
 
     return run_training_loop(
-        head=head, run=run, cfg=cfg, device=device, train_data=train_data, val_data=val_data, state=state,
-        t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path, progress=progress,
-        stop_after=stop_after, cover=cover, save_checkpoint=_save_mtp_checkpoint,
+        run_setup, head=head, run=run, cfg=cfg, progress=progress, stop_after=stop_after, cover=1.0,
+        save_checkpoint=checkpoint_saver(save_mtp),  # float32, standalone layout
     )

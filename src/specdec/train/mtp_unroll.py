@@ -37,7 +37,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .teacher import dense_forward
-from .ttt import TTTResult, _shift_tokens, ttt_attention
+from .ttt import TTTResult, UnrollLoss, _shift_tokens, growing_attend, ttt_attention
 
 __all__ = ["MTPTeacherOutput", "mtp_teacher_forward", "mtp_unroll"]
 
@@ -114,17 +114,9 @@ def mtp_unroll(
     scale = model.config.head_dim**-0.5
     teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, V]
     base = torch.arange(T, device=tokens.device)[None].expand(B, T)
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-
-    def attend(q, k, v):
-        keys.append(k)
-        values.append(v)
-        return attention(q, keys, values, scale)
-
+    attend = growing_attend(attention, scale)
     hidden = last_hidden
-    losses, correct, count, mass = [], [], [], []
-    total = last_hidden.new_zeros((), dtype=torch.float32)
+    acc = UnrollLoss(last_hidden, step_weight)
     for k in range(steps):
         emb = embed(_shift_tokens(tokens, k + 1))  # [B, T, d]: x_{t+k+1}
         model._check(emb, hidden)
@@ -132,8 +124,7 @@ def mtp_unroll(
         hidden = model.feedback(state)
         n = T - k - 2  # rows whose predicted token x_{t+k+2} exists
         if n <= 0:
-            zero = total.new_zeros(())
-            losses.append(zero), correct.append(zero), count.append(zero), mass.append(zero)
+            acc.skip()
             continue
         w = weights[:, k + 2 : k + 2 + n].float()  # [B, n]
         p = teacher_p[:, k + 1 : k + 1 + n]
@@ -142,14 +133,7 @@ def mtp_unroll(
             ce = checkpoint(_soft_ce, model, head, rows, p, use_reentrant=False)
         else:
             ce = _soft_ce(model, head, rows, p)  # [B, n]
-        wsum = w.sum()
-        loss_k = (ce * w).sum() / wsum.clamp_min(1e-6)
-        total = total + (step_weight**k) * loss_k
         with torch.no_grad():
             pred = model.logits(rows.detach(), head).argmax(-1)  # [B, n]
-            ok = response[:, k + 2 : k + 2 + n]
-            correct.append(((pred == teacher_argmax[:, k + 1 : k + 1 + n]) & ok).sum().float())
-            count.append(ok.sum().float())
-        losses.append(loss_k.detach())
-        mass.append(wsum.detach())
-    return TTTResult(total, torch.stack(losses), torch.stack(correct), torch.stack(count), torch.stack(mass))
+        acc.add(k, ce, w, pred, teacher_argmax[:, k + 1 : k + 1 + n], response[:, k + 2 : k + 2 + n])
+    return acc.result()

@@ -24,6 +24,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,10 @@ from .teacher import teacher_forward
 from .ttt import estimated_accept_length, ttt_unroll
 from .vocab import build_vocab_map, coverage, token_counts
 
-__all__ = ["TrainConfig", "TrainResult", "build_head", "train_eagle3", "lr_at"]
+__all__ = [
+    "RunSetup", "TrainConfig", "TrainResult", "build_head", "checkpoint_saver", "lr_at", "prepare_run", "run_training_loop",
+    "train_eagle3",
+]
 
 STATE_FILE = "trainer_state.pt"
 PROBE_STEPS = 12  # steps timed before the schedule is fitted to the budget
@@ -181,16 +185,69 @@ def _fingerprint(data) -> str:
     return h.hexdigest()
 
 
-def _save_checkpoint(work: Path, head: Eagle3Model, state: dict) -> None:
-    tmp, final, old = work / "checkpoint.tmp", work / "checkpoint", work / "checkpoint.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_eagle3(head, tmp)  # float32, official layout
-    torch.save(state, tmp / STATE_FILE)
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+def checkpoint_saver(save_head: Callable) -> Callable[[Path, torch.nn.Module, dict], None]:
+    """`save(work, head, state)`: the head (through `save_head(head, folder)`, float32) plus the
+    optimizer state into ``<work>/checkpoint``, replaced atomically (tmp folder, then rename)."""
+
+    def save(work: Path, head: torch.nn.Module, state: dict) -> None:
+        tmp, final, old = work / "checkpoint.tmp", work / "checkpoint", work / "checkpoint.old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_head(head, tmp)
+        torch.save(state, tmp / STATE_FILE)
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    return save
+
+
+@dataclass
+class RunSetup:
+    """What every head trainer sets up before its loop (`prepare_run`)."""
+
+    t_start: float
+    work: Path
+    log_path: Path | None
+    device: torch.device
+    use_amp: bool
+    train_data: object  # DistillData
+    val_data: object | None
+    fingerprint: str
+    checkpoint: Path
+    state: dict | None  # the resumed optimizer/schedule state, or None for a fresh start
+
+    def autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.use_amp else torch.autocast("cpu", enabled=False)
+
+
+def prepare_run(target, data, cfg: "TrainConfig", *, work_dir, log_path, resume: bool) -> RunSetup:
+    """Seed, validation split, data fingerprint, and the checkpoint state to resume (checked
+    to come from the same data)."""
+    t_start = time.perf_counter()
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    device = next(target.model.parameters()).device
+    torch.manual_seed(cfg.seed)
+    if len(data) < 2:
+        raise ValueError(f"{len(data)} training sequences; need at least 2")
+    train_idx, val_idx = split_validation(len(data), cfg.val_fraction, cfg.seed)
+    fingerprint = _fingerprint(data)
+    ckpt = work / "checkpoint"
+    state = None
+    if resume and (ckpt / STATE_FILE).is_file():
+        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+        if state["data_fingerprint"] != fingerprint:
+            raise ValueError(
+                f"{ckpt} was trained on other data (fingerprint {state['data_fingerprint'][:12]} != "
+                f"{fingerprint[:12]}); pass resume=False (--no-resume) or another work dir"
+            )
+    return RunSetup(
+        t_start=t_start, work=work, log_path=Path(log_path) if log_path is not None else None, device=device,
+        use_amp=cfg.amp and device.type == "cuda", train_data=data.subset(train_idx),
+        val_data=data.subset(val_idx) if val_idx else None, fingerprint=fingerprint, checkpoint=ckpt, state=state,
+    )
 
 
 def _log(path: Path | None, record: dict) -> None:
@@ -222,42 +279,21 @@ def train_eagle3(
     Returns:
         `TrainResult` with the trained head (float32, on the target's device).
     """
-    t_start = time.perf_counter()
-    work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    log_path = Path(log_path) if log_path is not None else None
-    device = next(target.model.parameters()).device
-    use_amp = cfg.amp and device.type == "cuda"
-    torch.manual_seed(cfg.seed)
-    if len(data) < 2:
-        raise ValueError(f"{len(data)} training sequences; need at least 2")
-
-    train_idx, val_idx = split_validation(len(data), cfg.val_fraction, cfg.seed)
-    train_data = data.subset(train_idx)
-    val_data = data.subset(val_idx) if val_idx else None
-    counts = token_counts(train_data, target.info.vocab_size, prompt_weight=cfg.prompt_weight)
-    fingerprint = _fingerprint(data)
-    ckpt = work / "checkpoint"
-    state = None
-    if resume and (ckpt / STATE_FILE).is_file():
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
-        if state["data_fingerprint"] != fingerprint:
-            raise ValueError(
-                f"{ckpt} was trained on other data (fingerprint {state['data_fingerprint'][:12]} != "
-                f"{fingerprint[:12]}); pass resume=False (--no-resume) or another work dir"
-            )
-        head = load_eagle3(ckpt, device="cpu", dtype=torch.float32)
+    run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume)
+    counts = token_counts(run_setup.train_data, target.info.vocab_size, prompt_weight=cfg.prompt_weight)
+    if run_setup.state is not None:
+        head = load_eagle3(run_setup.checkpoint, device="cpu", dtype=torch.float32)
         if head.config.draft_vocab_size != cfg.draft_vocab_size:
             raise ValueError(
-                f"{ckpt} has draft_vocab_size={head.config.draft_vocab_size}, the config asks for {cfg.draft_vocab_size}"
+                f"{run_setup.checkpoint} has draft_vocab_size={head.config.draft_vocab_size}, the config asks for "
+                f"{cfg.draft_vocab_size}"
             )
     else:
         d2t, t2d = build_vocab_map(counts, cfg.draft_vocab_size)
         head = build_head(target, cfg, d2t, t2d)
-    head = head.to(device).train()
+    head = head.to(run_setup.device).train()
     cover = coverage(counts, head.t2d.cpu())
     layers = head.config.capture_layers
-
 
     teacher_fn, unroll_fn = teacher_forward, ttt_unroll
     if cfg.compile:
@@ -266,11 +302,8 @@ def train_eagle3(
     embed = target.model.embed
     target_ids = head.target_ids()
 
-    def autocast():
-        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else torch.autocast("cpu", enabled=False)
-
     def run(batch, *, train: bool):
-        with autocast():
+        with run_setup.autocast():
             teacher = teacher_fn(target.model, batch.tokens, layers, target_ids)
             return unroll_fn(
                 head, embed, teacher.captured, batch.tokens, teacher.logits, teacher.argmax, batch.weights,
@@ -278,24 +311,25 @@ def train_eagle3(
             )
 
     return run_training_loop(
-        head=head, run=run, cfg=cfg, device=device, train_data=train_data, val_data=val_data, state=state,
-        t_start=t_start, work=work, fingerprint=fingerprint, log_path=log_path, progress=progress,
-        stop_after=stop_after, cover=cover, save_checkpoint=_save_checkpoint,
+        run_setup, head=head, run=run, cfg=cfg, progress=progress, stop_after=stop_after, cover=cover,
+        save_checkpoint=checkpoint_saver(save_eagle3),  # float32, official layout
     )
 
 
 def run_training_loop(
-    *, head, run, cfg: TrainConfig, device, train_data, val_data, state: dict | None, t_start: float,
-    work: Path, fingerprint: str, log_path, progress: bool, stop_after, cover: float, save_checkpoint,
+    run_setup: "RunSetup", *, head, run, cfg: TrainConfig, progress: bool, stop_after, cover: float, save_checkpoint,
 ) -> "TrainResult":
     """The optimisation loop shared by every head trainer (EAGLE-3, MTP).
 
     `run(batch, train=...)` returns the unroll result (loss, step_loss, correct, count) of one
     batch; `save_checkpoint(work, head, state)` writes the head in its own layout plus the
-    optimizer state. Handles the time budget (the schedule is shortened to fit after timing
-    a few steps), logging, validation, periodic checkpoints and the progress bar; `state` is a
-    resumed checkpoint's optimizer/schedule state, or None.
+    optimizer state (`checkpoint_saver`). Handles the time budget (the schedule is shortened
+    to fit after timing a few steps), logging, validation, periodic checkpoints and the
+    progress bar; `run_setup` (`prepare_run`) holds the data split and the resumed state.
     """
+    rs = run_setup
+    device, train_data, val_data, state, t_start = rs.device, rs.train_data, rs.val_data, rs.state, rs.t_start
+    work, fingerprint, log_path = rs.work, rs.fingerprint, rs.log_path
     opt = torch.optim.AdamW(
         head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=device.type == "cuda"
     )

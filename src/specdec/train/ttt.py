@@ -43,7 +43,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TTTResult", "ttt_mask", "ttt_attention", "ttt_attention_ref", "ttt_unroll", "estimated_accept_length"]
+__all__ = [
+    "TTTResult", "UnrollLoss", "estimated_accept_length", "growing_attend", "ttt_attention", "ttt_attention_ref", "ttt_mask",
+    "ttt_unroll",
+]
 
 
 def ttt_mask(T: int, step: int, device=None) -> torch.Tensor:
@@ -133,6 +136,51 @@ class TTTResult:
     weight: torch.Tensor
 
 
+def growing_attend(attention, scale: float):
+    """An ``attend(q, k, v)`` for an unroll: each call (one step) appends its K/V and attends
+    with `attention(q, keys, values, scale)` over the steps so far (`ttt_attention`'s mask)."""
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+
+    def attend(q, k, v):
+        keys.append(k)
+        values.append(v)
+        return attention(q, keys, values, scale)
+
+    return attend
+
+
+class UnrollLoss:
+    """Per-step bookkeeping of an unroll: total = sum_k step_weight**k * loss_k, and each step's
+    loss, top-1 matches on response rows, counted rows and loss weight (tensors, no host sync)."""
+
+    def __init__(self, like: torch.Tensor, step_weight: float):
+        self.step_weight = step_weight
+        self.total = like.new_zeros((), dtype=torch.float32)
+        self.losses, self.correct, self.count, self.mass = [], [], [], []
+
+    def skip(self) -> None:
+        """A step with no row to predict (the sequence is too short)."""
+        zero = self.total.new_zeros(())
+        for acc in (self.losses, self.correct, self.count, self.mass):
+            acc.append(zero)
+
+    def add(self, k: int, ce: torch.Tensor, w: torch.Tensor, pred: torch.Tensor, want: torch.Tensor,
+            rows: torch.Tensor) -> None:
+        """Step k: ce, w [B, n] per-row loss and weight; pred, want [B, n] target ids; rows [B, n] bool."""
+        wsum = w.sum()
+        loss_k = (ce * w).sum() / wsum.clamp_min(1e-6)
+        self.total = self.total + (self.step_weight**k) * loss_k
+        self.correct.append(((pred == want) & rows).sum().float())
+        self.count.append(rows.sum().float())
+        self.losses.append(loss_k.detach())
+        self.mass.append(wsum.detach())
+
+    def result(self) -> TTTResult:
+        return TTTResult(self.total, torch.stack(self.losses), torch.stack(self.correct), torch.stack(self.count),
+                         torch.stack(self.mass))
+
+
 def _shift_tokens(tokens: torch.Tensor, s: int) -> torch.Tensor:
     """[B, T] -> [B, T] with row t holding tokens[t + s] (0 past the end)."""
     out = torch.zeros_like(tokens)
@@ -177,39 +225,23 @@ def ttt_unroll(
     in_vocab = head.t2d[teacher_argmax]  # [B, T] target argmax is a draft token
     teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, Vd]
     base = torch.arange(T, device=tokens.device)[None].expand(B, T)
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-
-    def attend(q, k, v):
-        keys.append(k)
-        values.append(v)
-        return attention(q, keys, values, scale)
-
+    attend = growing_attend(attention, scale)
     hidden = captured
-    losses, correct, count, mass = [], [], [], []
-    total = captured.new_zeros((), dtype=torch.float32)
+    acc = UnrollLoss(captured, step_weight)
     for k in range(steps):
         emb = embed(_shift_tokens(tokens, k + 1))  # [B, T, d]: x_{t+k+1}
         hidden, logits = head(emb, hidden, base + k, attend, first_step=k == 0)  # [B, T, d], [B, T, Vd]
         n = T - k - 2  # rows whose predicted token x_{t+k+2} exists
         if n <= 0:
-            zero = total.new_zeros(())
-            losses.append(zero), correct.append(zero), count.append(zero), mass.append(zero)
+            acc.skip()
             continue
         w = weights[:, k + 2 : k + 2 + n] * in_vocab[:, k + 1 : k + 1 + n]  # [B, n]
         logp = torch.log_softmax(logits[:, :n].float(), dim=-1)  # [B, n, Vd]
         ce = -(teacher_p[:, k + 1 : k + 1 + n] * logp).sum(-1)  # [B, n]
-        wsum = w.sum()
-        loss_k = (ce * w).sum() / wsum.clamp_min(1e-6)
-        total = total + (step_weight**k) * loss_k
         with torch.no_grad():
             pred = target_ids[logits[:, :n].argmax(-1)]  # [B, n] target ids
-            rows = response[:, k + 2 : k + 2 + n]
-            correct.append(((pred == teacher_argmax[:, k + 1 : k + 1 + n]) & rows).sum().float())
-            count.append(rows.sum().float())
-        losses.append(loss_k.detach())
-        mass.append(wsum.detach())
-    return TTTResult(total, torch.stack(losses), torch.stack(correct), torch.stack(count), torch.stack(mass))
+        acc.add(k, ce, w, pred, teacher_argmax[:, k + 1 : k + 1 + n], response[:, k + 2 : k + 2 + n])
+    return acc.result()
 
 
 def estimated_accept_length(step_acc: list[float], depth: int = 5) -> float:

@@ -1,0 +1,226 @@
+"""The training pipeline behind `python -m specdec.train eagle3|mtp`, one code path for every
+head kind: load the target -> self-distilled data (cached in the work folder) -> training
+(resumable) -> the head in bf16 with its log, curves and a TRAINING.md record -> optional
+evaluation on held-out prompts.
+
+Owns the phase timing, the data cache check, the run and the record. What differs between
+head kinds (trainer, saver, drafter name, what the record says of the head) is a `HeadRecipe`;
+`RECIPES` holds the built-in ones.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "load_or_make_data", "run_pipeline"]
+
+OUT_FILES = ("config.json", "model.safetensors", "training_curves.png", "train_log.jsonl", "TRAINING.md", "eval.json")
+
+
+class Phases:
+    """Prints and records the wall time of each phase."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def run(self, name: str, fn, *args, **kw):
+        print(f"[specdec.train] {name} ...", flush=True)
+        t0 = time.perf_counter()
+        out = fn(*args, **kw)
+        self.times[name] = time.perf_counter() - t0
+        print(f"[specdec.train] {name}: {self.times[name]:.1f} s (total {time.perf_counter() - self.start:.1f} s)", flush=True)
+        return out
+
+
+@dataclass(frozen=True)
+class HeadRecipe:
+    """One head kind. train(target, data, cfg, work_dir=, log_path=, resume=) -> `TrainResult`;
+    save(head, folder, dtype=) writes config.json + model.safetensors; head_lines(result)
+    -> the record's "Head" bullet lines; config_note is printed before the training config."""
+
+    drafter: str
+    title: str
+    layout: str
+    train: Callable
+    save: Callable
+    head_lines: Callable
+    config_note: str = "config"
+
+
+def _eagle3_recipe() -> HeadRecipe:
+    from specdec.drafters.eagle3_checkpoint import save_eagle3
+
+    from .trainer import train_eagle3
+
+    def head_lines(result):
+        c = result.head.config
+        return [
+            f"draft vocabulary {c.draft_vocab_size} tokens covering {result.coverage:.1%} of the training targets",
+            f"capture layers (output convention): {c.capture_layers}; fc_norm: {c.fc_norm}",
+        ]
+
+    return HeadRecipe("eagle3", "EAGLE-3 head", "official EAGLE-3 layout (config.json + model.safetensors, bf16)",
+                      train_eagle3, save_eagle3, head_lines)
+
+
+def _mtp_recipe() -> HeadRecipe:
+    from specdec.drafters.mtp_checkpoint import save_mtp
+
+    from .mtp_trainer import train_mtp
+
+    def head_lines(result):
+        return [f"config: `{json.dumps(asdict(result.head.config), default=str)}`"]
+
+    return HeadRecipe(
+        "mtp", "MTP head",
+        "standalone specdec MTP layout (config.json + model.safetensors, bf16); MTP-Eagle recursion on the target's "
+        "last hidden state, logits through the target's lm_head",
+        train_mtp, save_mtp, head_lines,
+        config_note="config (ttt_steps = recursion depth; draft_vocab_size / fc_norm / capture_layers unused)",
+    )
+
+
+RECIPES: dict[str, Callable[[], HeadRecipe]] = {"eagle3": _eagle3_recipe, "mtp": _mtp_recipe}
+
+
+def load_or_make_data(args, target, work: Path, phases: Phases):
+    """<work>/data.pt when it was made with the same settings, else prompts -> the target's responses."""
+    from .distill import DistillData, build_distill_data
+    from .prompts import sample_prompts
+
+    settings = dict(
+        target=str(args.target), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed, roots=args.roots,
+    )
+    path = work / "data.pt"
+    if path.is_file() and not args.regenerate:
+        data = DistillData.load(path)
+        if data.meta.get("settings") == settings:
+            print(f"[specdec.train] reusing {path}: {len(data)} sequences, {data.meta.get('total_tokens')} tokens")
+            return data
+        print(f"[specdec.train] {path} was made with other settings; regenerating")
+    prompts = phases.run("prompts", sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
+    deadline = None if args.gen_minutes is None else time.perf_counter() + 60 * args.gen_minutes
+    data = phases.run(
+        "generate", build_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
+        batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
+        seed=args.seed, deadline=deadline, cuda_graph=args.gen_cuda_graph != "off",
+    )
+    data.meta["settings"] = settings
+    m = data.meta
+    secs = max(m["seconds"], 1e-9)
+    print(f"[specdec.train] data: {len(data)} sequences ({m['prompts_not_reached']} prompts not reached, "
+          f"{m['prompts_too_long']} too long), {m['response_tokens']} response / {m['total_tokens']} total tokens, "
+          f"{m['response_tokens'] / secs:.0f} generated tok/s")
+    data.save(path)
+    return data
+
+
+def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, phases: Phases, eval_rows) -> None:
+    from .evaluate import format_table
+
+    head = result.head
+    n_params = sum(p.numel() for p in head.parameters())
+    dev = next(head.parameters()).device
+    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    size = (out / "model.safetensors").stat().st_size
+    kinds = ", ".join(f"{k} {data.kinds.count(k)}" for k in sorted(set(data.kinds)))
+    lines = [
+        f"# {recipe.title} for `{args.target}`",
+        "",
+        f"Trained by specdec (`specdec.train {recipe.drafter}`); {recipe.layout}.",
+        "",
+        "## Command",
+        "",
+        "```",
+        "python -m specdec.train " + shlex.join(argv),
+        "```",
+        "",
+        f"Machine: {machine}; torch {torch.__version__}; Python {platform.python_version()}.",
+        "",
+        "## Data (self-distillation)",
+        "",
+        f"- prompts: {data.meta.get('prompts_asked')} asked, drawn from this machine's Python source ({args.roots}; "
+        f"train split by source file), {len(data)} answered; kinds: {kinds}",
+        f"- responses: the target's own greedy answers (temperature {data.meta.get('temperature')}), at most "
+        f"{data.meta.get('max_new_tokens')} new tokens; {data.meta.get('response_tokens')} response tokens, "
+        f"{data.meta.get('total_tokens')} tokens with prompts; generated in {data.meta.get('seconds')} s",
+        "",
+        "## Head",
+        "",
+        f"- parameters: {n_params:,} ({size / 1e6:.2f} MB file)",
+        *(f"- {line}" for line in recipe.head_lines(result)),
+        "",
+        "## Training",
+        "",
+        f"- {result.steps} steps of {result.total_steps} planned, {result.seconds / 60:.1f} min"
+        + (" (stopped by the time budget)" if result.stopped_early else ""),
+        f"- {recipe.config_note}: `{json.dumps(asdict(cfg))}`",
+        f"- last train record: `{json.dumps(result.last)}`",
+        f"- last validation record: `{json.dumps(result.last_val)}`",
+        "",
+        "## Phase times (s)",
+        "",
+        ", ".join(f"{k} {v:.1f}" for k, v in phases.times.items()),
+        "",
+    ]
+    if eval_rows:
+        lines += ["## Evaluation (held-out prompts, greedy)", "", format_table(eval_rows), ""]
+    (out / "TRAINING.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_config, eval_prompts) -> int:
+    """Data -> training (resumable) -> bf16 head + log, curves, TRAINING.md -> optional eval.
+
+    Args:
+        args: the parsed pipeline flags (`cli._pipeline_args`); argv: the command line, recorded.
+        load_target(args, device), train_config(args), eval_prompts(args): the command line's
+            readers of its own flags.
+    """
+    from .evaluate import evaluate_head, format_table
+
+    phases = Phases()
+    out = Path(args.out).expanduser()
+    work = Path(args.work).expanduser() if args.work else out.with_name(out.name + ".work")
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # keep float32 generation exact; training uses bf16 autocast
+    target = phases.run("load target", load_target, args, device)
+    data = load_or_make_data(args, target, work, phases)
+    cfg = train_config(args)
+    log_path = out / "train_log.jsonl"
+    if not args.resume or not (work / "checkpoint").exists():
+        log_path.unlink(missing_ok=True)
+    result = phases.run("train", recipe.train, target, data, cfg, work_dir=work, log_path=log_path, resume=args.resume)
+    recipe.save(result.head, out, dtype=torch.bfloat16)
+    size = (out / "model.safetensors").stat().st_size
+    print(f"[specdec.train] head: {out / 'model.safetensors'} ({size / 1e6:.2f} MB, bf16)")
+    try:
+        from .plot import plot_training_log
+
+        phases.run("plot", plot_training_log, log_path, out / "training_curves.png", title=f"{recipe.title} for {args.target}")
+    except ImportError as e:
+        print(f"[specdec.train] no PNG: {e}; later: python -m specdec.train plot --log {log_path}")
+    _write_record(recipe, out, args, argv, data, cfg, result, phases, None)  # complete before the (long) evaluation
+    if args.eval:
+        prompts = eval_prompts(args)
+        setups = tuple(args.eval_setups.split(","))
+        rows = phases.run("eval", evaluate_head, target, out, prompts, setups=setups, batch_size=args.eval_batch_size,
+                          max_new_tokens=args.eval_max_new_tokens, drafter=recipe.drafter)
+        print(format_table(rows, title=f"held-out prompts ({args.eval_source}), greedy, {args.eval_max_new_tokens} new tokens"))
+        (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
+        _write_record(recipe, out, args, argv, data, cfg, result, phases, rows)
+    total = time.perf_counter() - phases.start
+    print(f"[specdec.train] done in {total:.1f} s; outputs in {out}: "
+          + ", ".join(f for f in OUT_FILES if (out / f).exists()))
+    return 0
