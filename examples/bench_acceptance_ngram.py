@@ -6,7 +6,8 @@ target forward, the prefill's token excluded), whether the output equals target-
 greedy decoding, and tokens per second:
 
 - repetitive: "here is a file, repeat it with the function renamed" and similar edits, where
-  the answer mostly copies the prompt (issue 7 asks for >= 3.0 here with `ngram`);
+  the answer mostly copies the prompt (issue 7 asks for >= 3.0 here with `ngram`); the set
+  ships with specdec (`specdec.train.prompts.frozen_edit_prompts`);
 - code: write a small function;
 - chat: open questions.
 
@@ -29,43 +30,10 @@ import torch
 from specdec import SamplingParams, SpecConfig
 from specdec.decoder import SpecDecoder
 from specdec.models import load_target, smollm2_gguf_path
-
-CODE_FILE = '''import json
-from pathlib import Path
-
-
-def load_records(path):
-    """Read one JSON record per line."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if line:
-            records.append(json.loads(line))
-    return records
-
-
-def count_by_key(records, key):
-    counts = {}
-    for record in records:
-        value = record.get(key)
-        counts[value] = counts.get(value, 0) + 1
-    return counts
-
-
-def main(path):
-    records = load_records(path)
-    for value, n in sorted(count_by_key(records, "kind").items()):
-        print(f"{value}: {n}")
-'''
+from specdec.train.prompts import frozen_edit_prompts
 
 PROMPTS = {
-    "repetitive": [
-        f"Here is a file:\n```python\n{CODE_FILE}```\nRepeat the whole file, with the function load_records renamed to read_records.",
-        f"Here is a file:\n```python\n{CODE_FILE}```\nRewrite the file exactly, but rename the variable records to rows everywhere.",
-        "Copy this list exactly, one item per line, and add a period at the end of each item:\n"
-        + "\n".join(f"- item number {i}: the {w} fox jumps over the lazy dog" for i, w in enumerate(
-            ["quick", "brown", "red", "small", "clever", "sleepy", "hungry", "old"])),
-    ],
+    "repetitive": [p.text for p in frozen_edit_prompts()],
     "code": [
         "Write a Python function that returns the n-th Fibonacci number iteratively.",
         "Write a Python function that checks whether a string is a palindrome, with a docstring.",

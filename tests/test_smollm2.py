@@ -81,33 +81,50 @@ def test_smollm2_greedy_continuation_equals_transformers_generate(smollm2, monke
 
 
 SHIPPED_HEAD_NEW = 64
+LINEAR = dict(tree="linear", max_draft_len=5)
+DYNAMIC = dict(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=48)
 
 
 @pytest.mark.parametrize(
-    "shape, floor",
-    [(dict(tree="linear", max_draft_len=5), 2.3), (dict(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=48), 3.0)],
-    ids=["linear", "dynamic"],
+    "drafter, head, prompt_set, shape, floor",
+    [
+        ("eagle3", "smollm2-eagle3", "heldout", LINEAR, 2.3),
+        ("eagle3", "smollm2-eagle3", "heldout", DYNAMIC, 3.0),
+        ("mtp", "smollm2-mtp", "heldout", LINEAR, 1.8),
+        ("mtp", "smollm2-mtp", "heldout", DYNAMIC, 2.8),
+        ("ngram", None, "edit", dict(tree="linear", max_draft_len=8), 2.6),
+        ("ngram", None, "edit", dict(tree="dynamic", topk=4, max_draft_len=8), 3.0),
+    ],
+    ids=["eagle3-linear", "eagle3-dynamic", "mtp-linear", "mtp-dynamic", "ngram-chain", "ngram-tree"],
 )
-def test_the_shipped_eagle3_head_is_lossless_and_accepts_real_drafts(smollm2, monkeypatch, shape, floor):
-    """SmolLM2 + specdec's trained head on 2 held-out prompts (one code, one chat), 64 greedy
-    tokens: identical to transformers' greedy generate, and a real acceptance length (a random
-    head gives 1.0; on the 64 held-out prompts this head measures 3.2 linear / 4.6 tree)."""
+def test_real_drafters_on_smollm2_are_lossless_and_accept_real_drafts(smollm2, monkeypatch, drafter, head, prompt_set,
+                                                                     shape, floor):
+    """SmolLM2 + each real drafter, 64 greedy tokens on 2 shipped prompts: identical to
+    transformers' greedy generate, and a real acceptance length (a random head gives 1.0).
+
+    Heads: specdec's trained EAGLE-3 and MTP heads on 2 held-out prompts (one code, one chat);
+    on all 64 held-out prompts they measure 3.22 / 4.57 (EAGLE-3 linear / tree) and
+    2.39 / 3.50 (MTP); here 2.07 / 3.50 for MTP. ngram on the 2 shipped `edit` prompts that
+    repeat a given file with a rename, where issue 7 asks for >= 3.0: the tree measures 3.41
+    here, the chain 2.86 (3.36 over all 3 edit prompts at 128 tokens).
+    """
     from importlib import resources
 
     from transformers import AutoModelForCausalLM
 
     from specdec import SamplingParams, SpecConfig
     from specdec.decoder import SpecDecoder
-    from specdec.train.prompts import encode_prompt, frozen_heldout_prompts
+    from specdec.train.prompts import encode_prompt, frozen_edit_prompts, frozen_heldout_prompts
 
     gguf, folder = smollm2
     monkeypatch.setenv("SPECDEC_CACHE", str(folder.parent.parent))
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels: own suites)
     target = load_target(gguf, device=DEVICE)
-    head = resources.files("specdec") / "assets" / "heads" / "smollm2-eagle3"
-    config = SpecConfig(drafter="eagle3", max_batch_size=2, max_seq_len=1024, **shape)
-    dec = SpecDecoder.from_pretrained(target, str(head), config)
-    prompts = [encode_prompt(p, target.tokenizer) for p in frozen_heldout_prompts(2)]
+    draft = None if head is None else str(resources.files("specdec") / "assets" / "heads" / head)
+    config = SpecConfig(drafter=drafter, max_batch_size=2, max_seq_len=1024, **shape)
+    dec = SpecDecoder.from_pretrained(target, draft, config)
+    chosen = frozen_heldout_prompts(2) if prompt_set == "heldout" else frozen_edit_prompts(2)
+    prompts = [encode_prompt(p, target.tokenizer) for p in chosen]
     outs = dec.generate(prompts, SamplingParams(max_new_tokens=SHIPPED_HEAD_NEW, ignore_eos=True))
 
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
@@ -120,4 +137,4 @@ def test_the_shipped_eagle3_head_is_lossless_and_accepts_real_drafts(smollm2, mo
         assert out.token_ids == gen[0, len(ids):].tolist()
         steps += out.stats.steps
         emitted += len(out.token_ids) - 1
-    assert emitted / steps >= floor, f"mean acceptance length {emitted / steps:.2f} < {floor}"
+    assert emitted / steps >= floor, f"{drafter}: mean acceptance length {emitted / steps:.2f} < {floor}"

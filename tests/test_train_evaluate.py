@@ -53,3 +53,14 @@ def test_evaluate_head_names_the_allowed_drafters_and_setups(target):
         evaluate_head(target, None, prompts, setups=("target", "wide"), drafter="ngram")
     with pytest.raises(ValueError, match="drafter='ngram' needs no head; got head='x'"):
         evaluate_head(target, "x", prompts, drafter="ngram")
+
+
+def test_the_shipped_prompt_sets_refuse_more_prompts_than_they_hold():
+    from specdec.train.prompts import frozen_edit_prompts
+
+    assert [p.kind for p in frozen_edit_prompts()] == ["edit"] * 3
+    assert len(frozen_edit_prompts(2)) == 2
+    with pytest.raises(ValueError, match=r"n=4 frozen edit prompts asked for; allowed: \[1, 3\]"):
+        frozen_edit_prompts(4)
+    with pytest.raises(ValueError, match=r"n=65 frozen held-out prompts asked for; allowed: \[1, 64\]"):
+        frozen_heldout_prompts(65)

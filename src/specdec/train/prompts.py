@@ -23,7 +23,9 @@ files whose path ends like a held-out stdlib file's (vendored copies). `frozen_h
 the evaluation set shipped with the package (``heldout_prompts.jsonl``: `make_frozen_heldout`,
 written by ``python -m specdec.train prompts --frozen --write ...``), so CPU and GPU machines
 evaluate on the very same prompts; `frozen_heldout_prompts(n)` takes n of them, alternating
-code and chat prompts.
+code and chat prompts. `frozen_edit_prompts` reads the shipped repetitive set
+(``edit_prompts.jsonl``, kind ``edit``): requests to repeat a given file or list with a small
+change, where the answer mostly copies the prompt (the workload of prompt-lookup drafting).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ __all__ = [
 
 HELDOUT_FRACTION = 0.1  # share of source files (and fixed-list questions) kept for evaluation
 FROZEN_HELDOUT = Path(__file__).with_name("heldout_prompts.jsonl")
+FROZEN_EDIT = Path(__file__).with_name("edit_prompts.jsonl")
 ROOTS = ("stdlib", "site")
 SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "test", "tests", "idle_test", "lib2to3"})
 MAX_FILE_BYTES = 300_000
@@ -462,15 +465,25 @@ def make_frozen_heldout(n_code: int = 32, n_chat: int = 32, seed: int = 0) -> li
     return code + chat
 
 
+def _frozen(path: Path, what: str, n: int | None) -> list[Prompt]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} ({what}) is missing from the specdec package")
+    prompts = read_prompts(path)
+    if n is not None and not 1 <= n <= len(prompts):
+        raise ValueError(f"n={n} {what} asked for; allowed: [1, {len(prompts)}]")
+    return prompts
+
+
+def frozen_edit_prompts(n: int | None = None) -> list[Prompt]:
+    """The shipped repetitive prompts (repeat a given file with a rename, copy a list), first n."""
+    return _frozen(FROZEN_EDIT, "frozen edit prompts", n)[:n]
+
+
 def frozen_heldout_prompts(n: int | None = None) -> list[Prompt]:
     """The evaluation prompts shipped with specdec (held-out stdlib files and list questions)."""
-    if not FROZEN_HELDOUT.is_file():
-        raise FileNotFoundError(f"{FROZEN_HELDOUT} is missing; regenerate it with `python -m specdec.train prompts`")
-    prompts = read_prompts(FROZEN_HELDOUT)
+    prompts = _frozen(FROZEN_HELDOUT, "frozen held-out prompts", n)
     if n is None:
         return prompts
-    if not 1 <= n <= len(prompts):
-        raise ValueError(f"n={n} frozen held-out prompts asked for; allowed: [1, {len(prompts)}]")
     code = [p for p in prompts if not p.chat]
     chat = [p for p in prompts if p.chat]
     mixed = [p for pair in zip(code, chat) for p in pair] + code[len(chat) :] + chat[len(code) :]
