@@ -85,3 +85,19 @@ def test_third_party_verifier_is_selectable_by_name(installed_example_plugin):
     assert acc.accept_length.tolist() == [1]
     assert acc.accept_nodes[0, :2].tolist() == [0, 1]
     assert acc.accept_tokens[0, :2].tolist() == [5, 7]
+
+
+def test_plugin_options_helpers_name_the_bad_key_or_value():
+    import torch
+
+    from specdec.config import ConfigError, SpecConfig
+    from specdec.plugins.options import device_and_dtype, plugin_options
+
+    assert plugin_options(SpecConfig(), "mine", {"a"}) == {}
+    with pytest.raises(ConfigError, match=r"plugin_options\['mine'\] must be a dict, got list"):
+        plugin_options(SpecConfig(plugin_options={"mine": [1]}), "mine")
+    with pytest.raises(ConfigError, match=r"plugin_options\['mine'\] has unknown keys \['b'\]; allowed: \['a'\]"):
+        plugin_options(SpecConfig(plugin_options={"mine": {"a": 1, "b": 2}}), "mine", {"a"})
+    assert device_and_dtype({"dtype": "bfloat16"}, None, "mine") == (torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"plugin_options\['mine'\]\['dtype'\]='float33' is not a torch dtype"):
+        device_and_dtype({"dtype": "float33"}, None, "mine")

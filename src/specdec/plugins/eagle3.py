@@ -27,23 +27,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from specdec.config import ConfigError, SpecConfig
 from specdec.hookspecs import hookimpl
+from specdec.plugins.options import device_and_dtype, plugin_options
 
 NAME = "eagle3"
+_KNOWN = frozenset({"checkpoint", "model", "device", "dtype", "seed", "sample_drafts"})
 
 
 def _options(config: SpecConfig) -> dict:
-    options = config.plugin_options.get(NAME, {})
-    if not isinstance(options, dict):
-        raise ConfigError(f"plugin_options['eagle3'] must be a dict, got {type(options).__name__}")
-    known = {"checkpoint", "model", "device", "dtype", "seed", "sample_drafts"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"plugin_options['eagle3'] has unknown keys {unknown}; allowed: {sorted(known)}")
-    return options
+    return plugin_options(config, NAME, _KNOWN)
 
 
 def _source(options: dict):
@@ -87,18 +80,6 @@ def specdec_capture_layers(config: SpecConfig, target):
     return check_capture_layers(config.layers_to_capture, _checkpoint_layers(_source(_options(config))), target.num_layers)
 
 
-def _device_dtype(options: dict, target) -> tuple[torch.device, torch.dtype]:
-    model = getattr(target, "model", None)
-    param = next(model.parameters(), None) if model is not None else None
-    device = options.get("device", param.device if param is not None else "cpu")
-    dtype = options.get("dtype", param.dtype if param is not None else torch.float32)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigError(f"plugin_options['eagle3']['dtype']={options['dtype']!r} is not a torch dtype")
-    return torch.device(device), dtype
-
-
 @hookimpl
 def specdec_draft(config: SpecConfig, target):
     if config.drafter != NAME:
@@ -108,7 +89,7 @@ def specdec_draft(config: SpecConfig, target):
 
     options = _options(config)
     src = _source(options)
-    device, dtype = _device_dtype(options, target)
+    device, dtype = device_and_dtype(options, target, NAME)
     if isinstance(src, Path):
         model = load_eagle3(src, device=device, dtype=dtype)
     else:

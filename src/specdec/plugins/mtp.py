@@ -28,31 +28,14 @@ import torch
 
 from specdec.config import ConfigError, SpecConfig
 from specdec.hookspecs import hookimpl
+from specdec.plugins.options import device_and_dtype, plugin_options
 
 NAME = "mtp"
 _KNOWN = frozenset({"checkpoint", "model", "layout", "mtp_layer", "device", "dtype", "seed", "sample_drafts"})
 
 
 def _options(config: SpecConfig) -> dict:
-    options = config.plugin_options.get(NAME, {})
-    if not isinstance(options, dict):
-        raise ConfigError(f"plugin_options['mtp'] must be a dict, got {type(options).__name__}")
-    unknown = sorted(set(options) - _KNOWN)
-    if unknown:
-        raise ConfigError(f"plugin_options['mtp'] has unknown keys {unknown}; allowed: {sorted(_KNOWN)}")
-    return options
-
-
-def _device_dtype(options: dict, target) -> tuple[torch.device, torch.dtype]:
-    model = getattr(target, "model", None)
-    param = next(model.parameters(), None) if model is not None else None
-    device = options.get("device", param.device if param is not None else "cpu")
-    dtype = options.get("dtype", param.dtype if param is not None else torch.float32)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigError(f"plugin_options['mtp']['dtype']={options['dtype']!r} is not a torch dtype")
-    return torch.device(device), dtype
+    return plugin_options(config, NAME, _KNOWN)
 
 
 def _load(options: dict, device, dtype):
@@ -101,7 +84,7 @@ def specdec_draft(config: SpecConfig, target):
     from specdec.drafters.mtp_drafter import MTPDrafter
 
     options = _options(config)
-    device, dtype = _device_dtype(options, target)
+    device, dtype = device_and_dtype(options, target, NAME)
     model, source = _load(options, device, dtype)
     check_against_target(model.config, target, source=source)
     target_model = getattr(target, "model", None)
@@ -122,8 +105,10 @@ def specdec_draft(config: SpecConfig, target):
                 f"[{model.config.vocab_size}, {model.config.hidden_size}]"
             )
 
-        def head(x: torch.Tensor) -> torch.Tensor:  # the shared head, in the target's dtype
+        def shared_head(x: torch.Tensor) -> torch.Tensor:  # the target's head, in the target's dtype
             return lm_head(x.to(weight.dtype))
+
+        head = shared_head
     samples = options.get("sample_drafts", config.verifier == "speculative")
     return MTPDrafter(
         model, config, embed=target_model.embed, head=head, samples_drafts=bool(samples), seed=int(options.get("seed", 0))

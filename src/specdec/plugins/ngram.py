@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from specdec.config import ConfigError, SpecConfig
 from specdec.hookspecs import hookimpl
+from specdec.plugins.options import plugin_options
 
 NAME = "ngram"
 
@@ -23,9 +24,7 @@ NAME = "ngram"
 def _options(config: SpecConfig):
     from specdec.drafters.ngram_drafter import NgramOptions
 
-    options = config.plugin_options.get(NAME, {})
-    if not isinstance(options, dict):
-        raise ConfigError(f"plugin_options['ngram'] must be a dict, got {type(options).__name__}")
+    options = plugin_options(config, NAME)
     if "checkpoint" in options:
         raise ConfigError(
             f"drafter='ngram' has no model; got a draft checkpoint {options['checkpoint']!r} (leave draft=None)"
