@@ -146,3 +146,32 @@ def test_bad_mtp_options_are_clear_errors(random_target, tmp_path):
     save_mtp(random_mtp(vocab_size=100), tmp_path)
     with pytest.raises(MTPCheckpointError, match=r"vocab_size=100 differs from the target's vocab_size=96"):
         SpecDecoder.from_pretrained(target, tmp_path, spec())
+
+
+def test_a_draft_vocabulary_beside_the_checkpoint_is_used_and_output_stays_exact(random_target, tmp_path):
+    from specdec.drafters.mtp_checkpoint import MTPCheckpointError, load_draft_vocab, save_draft_vocab
+
+    target, refs = random_target
+    head = tmp_path / "head"
+    save_mtp(random_mtp(seed=0), head)
+    ids = torch.arange(0, 96, 2)  # drafts may only be even ids
+    save_draft_vocab(head, ids)
+    assert torch.equal(load_draft_vocab(head, vocab_size=96), ids)
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    for options in ({}, {"draft_vocab": "full"}, {"draft_vocab": ids}):
+        dec = SpecDecoder.from_pretrained(target, head, spec(tree="dynamic", topk=3, plugin_options={"mtp": options}))
+        drafter = dec.strategies.drafter
+        if options.get("draft_vocab") == "full":
+            assert drafter.target_ids is None
+        else:
+            assert torch.equal(drafter.target_ids, ids)
+        assert [o.token_ids for o in dec.generate(PROMPTS, params)] == refs
+    from safetensors.torch import save_file
+
+    save_file({"target_ids": torch.tensor([5, 3])}, str(tmp_path / "draft_vocab.safetensors"))  # not ascending
+    with pytest.raises(MTPCheckpointError, match=r"draft_vocab.safetensors: target_ids must be strictly ascending"):
+        SpecDecoder.from_pretrained(target, head, spec(plugin_options={"mtp": {"draft_vocab": tmp_path}}))
+    with pytest.raises(MTPCheckpointError, match=r"target_ids span \[0, 96\]; allowed: \[0, 96\)"):
+        SpecDecoder.from_pretrained(target, head, spec(plugin_options={"mtp": {"draft_vocab": torch.arange(97)}}))
+    with pytest.raises(specdec.ConfigError, match=r"\['draft_vocab'\]=3; allowed: 'auto', 'full', a path"):
+        SpecDecoder.from_pretrained(target, head, spec(plugin_options={"mtp": {"draft_vocab": 3}}))

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from specdec.config import SpecConfig
+from specdec.config import ConfigError, SpecConfig
 from specdec.drafters.dynamic_tree import eagle2_tree
-from specdec.drafters.mtp_drafter import MTPDrafter
+from specdec.drafters.mtp_drafter import MTPDrafter, restricted_head
 from specdec.drafters.mtp_model import causal_attend
 from specdec.strategies import DraftInput
 
@@ -31,7 +31,7 @@ class World:
         self.H = torch.randn(length, D, generator=g, dtype=torch.float64)
 
 
-def make(tree="linear", topk=None, depth=4, B=3, samples=False, dtype=torch.float64, **kw):
+def make(tree="linear", topk=None, depth=4, B=3, samples=False, dtype=torch.float64, target_ids=None, **kw):
     model = random_mtp(seed=1, dtype=dtype, std=0.3, **kw)
     cfg = SpecConfig(drafter="mtp", tree=tree, topk=topk, max_draft_len=depth, max_batch_size=B, max_seq_len=80,
                      kv_block_size=4)
@@ -41,7 +41,11 @@ def make(tree="linear", topk=None, depth=4, B=3, samples=False, dtype=torch.floa
     with torch.no_grad():
         embed.weight.copy_(torch.randn(V, D, generator=g))
         head.weight.copy_(torch.randn(V, D, generator=g) * 0.3)
-    d = MTPDrafter(model, cfg, embed=embed, head=None if model.lm_head is not None else head, samples_drafts=samples)
+    if target_ids is not None:
+        head = restricted_head(head.weight, target_ids)
+    elif model.lm_head is not None:
+        head = None
+    d = MTPDrafter(model, cfg, embed=embed, head=head, target_ids=target_ids, samples_drafts=samples)
     d.cache.storage.normal_(0, 30.0, generator=g)  # loud garbage in never-written draft KV: reading it shows
     return d, cfg
 
@@ -222,3 +226,43 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     with pytest.raises(ValueError, match=r"DraftInput.hidden has width 192; the MTP head reads .* width 64"):
         d.propose(inp)
     assert d.needs_last_hidden and not d.needs_hidden_states
+
+
+def _run(d, cfg, worlds, accepted):
+    s = Slots(d, cfg, worlds)
+    for slot, L in enumerate((5, 9, 3)):
+        s.prefill(slot, L)
+    t = d.propose(s.inputs())
+    for a in accepted:
+        for slot in range(cfg.max_batch_size):
+            s.accept_path(slot, a)
+        t = d.propose(s.inputs())
+    return t
+
+
+@pytest.mark.parametrize("tree, topk, depth", CASES)
+def test_a_draft_vocabulary_of_every_id_drafts_exactly_like_the_full_head(tree, topk, depth):
+    """target_ids = all V ids through restricted_head: the same trees as the full-vocabulary head."""
+    worlds = [World(70, seed=s) for s in range(3)]
+    full, cfg = make(tree, topk, depth)
+    every, _ = make(tree, topk, depth, target_ids=torch.arange(V))
+    a, b = _run(full, cfg, worlds, [1, 2]), _run(every, cfg, worlds, [1, 2])
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+
+
+@pytest.mark.parametrize("samples", [False, True], ids=["top-k", "sampled"])
+def test_a_draft_vocabulary_keeps_drafts_and_draft_probs_inside_it(samples):
+    ids = torch.arange(1, V, 3)  # a third of the vocabulary, not starting at 0
+    d, cfg = make("dynamic", 3, 3, samples=samples, target_ids=ids)
+    t = _run(d, cfg, [World(70, seed=s) for s in range(3)], [0, 3])
+    allowed = set(ids.tolist())
+    assert set(t.tokens[:, 1:].flatten().tolist()) <= allowed  # slot 0 is the committed root
+    if samples:
+        outside = torch.ones(V, dtype=torch.bool)
+        outside[ids] = False
+        assert float(t.draft_probs[..., outside].abs().max()) == 0.0
+        rows = t.draft_probs.sum(-1)  # [B, N]: a node whose children were drafted holds their distribution
+        assert bool(((rows - 1).abs() < 1e-6).logical_or(rows == 0).all()) and bool((rows[:, 0] > 0.5).all())
+    own, cfg = make(has_lm_head=True)  # the module's own lm_head cannot serve a draft vocabulary by itself
+    with pytest.raises(ConfigError, match=r"a draft vocabulary \(target_ids\) needs its head"):
+        MTPDrafter(own.model, cfg, embed=own.embed, head=None, target_ids=ids)

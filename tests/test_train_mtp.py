@@ -159,11 +159,15 @@ def test_the_mtp_command_line_writes_a_plugin_loadable_head_log_curves_record_an
         "--num-prompts", "30", "--roots", "stdlib", "--max-new-tokens", "12", "--max-prompt-tokens", "160",
         "--gen-batch-size", "8", "--steps", "3", "--batch-tokens", "1024", "--ttt-steps", "3", "--log-every", "1",
         "--val-every", "2", "--eval", "--eval-prompts", "2", "--eval-setups", "target,linear,tree",
-        "--eval-max-new-tokens", "8",
+        "--eval-max-new-tokens", "8", "--draft-vocab-size", "32",
     ]
     assert main(argv) == 0
     names = {p.name for p in out.iterdir()}
-    assert names == {"config.json", "model.safetensors", "training_curves.png", "train_log.jsonl", "TRAINING.md", "eval.json"}
+    assert names == {"config.json", "model.safetensors", "draft_vocab.safetensors", "training_curves.png",
+                     "train_log.jsonl", "TRAINING.md", "eval.json"}
+    from specdec.drafters.mtp_checkpoint import load_draft_vocab
+
+    assert load_draft_vocab(out, vocab_size=V).shape == (32,)  # the evaluation below drafted through it
     head = load_mtp(out, layout="specdec", dtype=torch.bfloat16)
     assert head.config.hidden_size == D and head.lm_head is None
     rows = json.loads((out / "eval.json").read_text())
@@ -171,3 +175,4 @@ def test_the_mtp_command_line_writes_a_plugin_loadable_head_log_curves_record_an
     assert rows[0]["tau"] == 1.0 and all(r["tau"] >= 1.0 and r["same_as_target"] == 1.0 for r in rows[1:])
     record = (out / "TRAINING.md").read_text()
     assert "python -m specdec.train mtp" in record and "| mtp tree D=6 K=8 N=48 |" in record
+    assert "draft vocabulary (draft_vocab.safetensors): 32 tokens covering" in record

@@ -4,8 +4,7 @@
 What is EAGLE-3's own: the first row of each call (prompt ingest, accepted paths) reads the
 captured target layers ([.., n_capture * d_t], fused by the head's ``fc``) and later draft
 rows read the draft layer's own output (``first_step``); the head predicts over a draft
-vocabulary of Vd ids, mapped to target ids through ``d2t`` for the tree and scattered into the
-full vocabulary for `draft_probs`.
+vocabulary of Vd ids, mapped to target ids through ``d2t`` (`HeadDrafter`'s ``target_ids``).
 """
 
 from __future__ import annotations
@@ -59,19 +58,9 @@ class Eagle3Drafter(HeadDrafter):
             embed = model.embed_tokens
         super().__init__(
             model, config, embed=embed, hidden_size=mcfg.hidden_size, num_kv_heads=mcfg.num_key_value_heads,
-            head_dim=mcfg.head_dim, draft_vocab_size=mcfg.draft_vocab_size, hidden_width=mcfg.fc_in_features,
-            samples_drafts=samples_drafts, seed=seed,
+            head_dim=mcfg.head_dim, draft_vocab_size=mcfg.draft_vocab_size, vocab_size=mcfg.vocab_size,
+            target_ids=model.target_ids(), hidden_width=mcfg.fc_in_features, samples_drafts=samples_drafts, seed=seed,
         )
-        self.target_ids = model.target_ids()  # [Vd] int64
 
     def _forward(self, embeds, hidden, positions, attend, *, first: bool):
         return self.model(embeds, hidden, positions, attend, first_step=first)
-
-    def _to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.draft_to_target(draft_tokens)
-
-    def _full_probs(self, rows: torch.Tensor) -> torch.Tensor:
-        B, N, _ = rows.shape
-        probs = torch.zeros(B, N, self.model.config.vocab_size, device=self.device)  # [B, N, V] float32
-        probs.scatter_(2, self.target_ids.expand(B, N, -1), rows.float())
-        return probs

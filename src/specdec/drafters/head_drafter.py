@@ -44,8 +44,7 @@ from .dynamic_tree import eagle2_tree, group_sizes, sampled_tree
 __all__ = ["HeadDrafter"]
 
 class HeadDrafter:
-    """The shared draft loop; a subclass sets the class attributes below and implements
-    `_forward` (and, for a draft vocabulary, `_to_target` / `_full_probs`).
+    """The shared draft loop; a subclass sets the class attributes below and implements `_forward`.
 
     Args:
         model: the draft module, on the device and dtype to run in.
@@ -53,6 +52,10 @@ class HeadDrafter:
         embed: the target's embedding (or the head's own), ``tokens [B, T] int64 -> [B, T, d]``.
         hidden_size: d, the draft layer's width. num_kv_heads, head_dim: its attention shape.
         draft_vocab_size: Vd, the size of the head's output vocabulary.
+        vocab_size: V, the target's vocabulary.
+        target_ids: [Vd] int64, the target id of each draft id (a draft vocabulary smaller
+            than the target's: drafts map through it and `draft_probs` are scattered into
+            V); None when the head predicts over the target's vocabulary itself (Vd == V).
         hidden_width: the width of the target states the first row reads (`DraftInput.hidden`).
         samples_drafts: sample drafts from the (tempered) draft distribution and return
             `draft_probs` (for verifier="speculative"); else drafts are argmax / top-K.
@@ -74,6 +77,8 @@ class HeadDrafter:
         num_kv_heads: int,
         head_dim: int,
         draft_vocab_size: int,
+        vocab_size: int,
+        target_ids: torch.Tensor | None = None,
         hidden_width: int,
         samples_drafts: bool = False,
         seed: int = 0,
@@ -88,6 +93,13 @@ class HeadDrafter:
         self.topk = config.topk if self.dynamic else 1  # K
         self.budget = config.max_total_draft_tokens  # N - 1
         self.max_seq_len = config.max_seq_len
+        if target_ids is None and draft_vocab_size != vocab_size:
+            raise ConfigError(
+                f"the {self.kind} predicts {draft_vocab_size} ids but the target has {vocab_size}: pass target_ids"
+            )
+        if target_ids is not None and tuple(target_ids.shape) != (draft_vocab_size,):
+            raise ConfigError(f"target_ids has shape {tuple(target_ids.shape)}; expected [{draft_vocab_size}]")
+        self.vocab_size = vocab_size  # V
         if self.topk > draft_vocab_size:
             raise ConfigError(f"topk={self.topk} exceeds the {self.kind}'s vocabulary ({draft_vocab_size})")
         # sampled trees draw whole groups (see dynamic_tree.sampled_tree)
@@ -111,22 +123,29 @@ class HeadDrafter:
         logit_dtype = torch.promote_types(self.dtype, torch.float32)
         self.root_logits = torch.zeros(B, draft_vocab_size, device=self.device, dtype=logit_dtype)  # [B, Vd]
         self.live = torch.zeros(B, dtype=torch.bool, device=self.device)  # [B] slot has draft state
+        self.target_ids = None if target_ids is None else target_ids.to(self.device, torch.int64)  # [Vd]
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
 
-    # ------------------------------------------------------------------ subclass hooks
+    # ------------------------------------------------------------------ subclass hook
     def _forward(self, embeds, hidden, positions, attend, *, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft-layer call: embeds [B, T, d], hidden [B, T, width] (target states when
         `first`, else draft outputs [B, T, d]) -> (output [B, T, d], logits [B, T, Vd] float32+)."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ vocabularies
     def _to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (identity for a full-vocabulary head)."""
-        return draft_tokens
+        return draft_tokens if self.target_ids is None else self.target_ids[draft_tokens]
 
     def _full_probs(self, rows: torch.Tensor) -> torch.Tensor:
         """[B, N, Vd] draft probabilities -> [B, N, V] float32 over the target vocabulary."""
-        return rows.float()
+        if self.target_ids is None:
+            return rows.float()
+        B, N, _ = rows.shape
+        probs = torch.zeros(B, N, self.vocab_size, device=rows.device)  # [B, N, V] float32
+        probs.scatter_(2, self.target_ids.expand(B, N, -1), rows.float())
+        return probs
 
     # ------------------------------------------------------------------ host side
     def _check_slot(self, slot: int) -> None:

@@ -13,6 +13,12 @@
   bounds ``layer``); biases / q-k norms / own head are read off the key set. Every other key
   of the folder (the target's own weights, other MTP layers) is ignored.
 
+Optional draft vocabulary (either layout): ``draft_vocab.safetensors`` beside the weights,
+key ``target_ids`` [Vd] int64, strictly ascending ids of the target vocabulary that drafting
+is restricted to (the Vd most frequent training targets; `save_draft_vocab` /
+`load_draft_vocab`). The head itself still covers the whole vocabulary; restricting it
+makes each draft step's output projection V / Vd times cheaper.
+
 Weights: ``model.safetensors`` or shards listed in ``model.safetensors.index.json``.
 Strict means: a missing or unexpected key, a shape that disagrees with the config, or
 (with `check_against_target`) a hidden size / vocabulary that does not fit the target is an
@@ -44,7 +50,13 @@ __all__ = [
     "detect_layout",
     "check_against_target",
     "config_to_dict",
+    "check_draft_vocab",
+    "load_draft_vocab",
+    "save_draft_vocab",
+    "DRAFT_VOCAB_FILE",
 ]
+
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
 LAYOUTS = ("auto", "specdec", "mimo")
 FORMAT_VERSION = 1
@@ -305,3 +317,44 @@ def check_against_target(config: MTPConfig, target, *, source: str = "MTP head")
             f"{source}: vocab_size={config.vocab_size} differs from the target's vocab_size={target.vocab_size}; "
             "this head was trained for another tokenizer"
         )
+
+
+def check_draft_vocab(target_ids: torch.Tensor, vocab_size: int | None, source: str) -> torch.Tensor:
+    """`target_ids` if it is a valid draft vocabulary ([Vd] int64, strictly ascending, inside
+    [0, vocab_size)); else an `MTPCheckpointError` naming `source` and the problem."""
+    if target_ids.dim() != 1 or target_ids.numel() == 0 or target_ids.dtype != torch.int64:
+        raise MTPCheckpointError(
+            f"{source}: target_ids must be a non-empty 1-D int64 tensor, got {tuple(target_ids.shape)} {target_ids.dtype}"
+        )
+    if target_ids.numel() > 1 and not bool((target_ids[1:] > target_ids[:-1]).all()):
+        raise MTPCheckpointError(f"{source}: target_ids must be strictly ascending (distinct target ids)")
+    lo, hi = int(target_ids[0]), int(target_ids[-1])
+    if lo < 0 or (vocab_size is not None and hi >= vocab_size):
+        limit = "" if vocab_size is None else f", {vocab_size}"
+        raise MTPCheckpointError(f"{source}: target_ids span [{lo}, {hi}]; allowed: [0{limit})")
+    return target_ids
+
+
+def save_draft_vocab(path, target_ids: torch.Tensor) -> Path:
+    """Write ``draft_vocab.safetensors`` (key ``target_ids``) into the head folder `path`."""
+    path = Path(path).expanduser()
+    ids = check_draft_vocab(target_ids.detach().to("cpu", torch.int64).contiguous(), None, "save_draft_vocab")
+    save_file({"target_ids": ids}, str(path / DRAFT_VOCAB_FILE), metadata={"format": "pt"})
+    return path / DRAFT_VOCAB_FILE
+
+
+def load_draft_vocab(path, *, vocab_size: int | None = None) -> torch.Tensor | None:
+    """The draft vocabulary of the head folder (or file) `path`: [Vd] int64, or None when the
+    folder has no ``draft_vocab.safetensors``; checked ascending and inside [0, vocab_size)."""
+    path = Path(path).expanduser()
+    file = path / DRAFT_VOCAB_FILE if path.is_dir() else path
+    if not file.is_file():
+        if path.is_dir():
+            return None
+        raise MTPCheckpointError(f"{file}: no such draft vocabulary file")
+    with safe_open(str(file), framework="pt") as f:
+        keys = set(f.keys())
+        if keys != {"target_ids"}:
+            raise MTPCheckpointError(f"{file}: expected the single key 'target_ids', found {sorted(keys)}")
+        ids = f.get_tensor("target_ids")
+    return check_draft_vocab(ids, vocab_size, str(file))

@@ -5,8 +5,11 @@ What is MTP's own: ``needs_last_hidden = True``. It reads only the target's last
 (after the final norm), so the capture set is empty and no capture buffer exists. Every row
 is the same module, ``h' = Block(input_proj([enorm(embed(t)); hnorm(h)]))``: the first row of
 a call reads the target's last hidden state, later draft rows the module's own feedback
-state. Logits go through the target's shared output head (or the module's own ``lm_head``)
-over the full vocabulary, so there is no draft vocabulary to map.
+state. Logits go through the target's shared output head (or the module's own ``lm_head``),
+over the full vocabulary, or over a draft vocabulary of the Vd most frequent tokens
+(``target_ids``; `restricted_head` slices the head's weight to those rows): a step's output
+projection then costs Vd / V of the full one, which dominates an MTP step on a small target
+(SmolLM2-135M: V = 49152 rows of d = 576, as costly as a quarter of the target's forward).
 """
 
 from __future__ import annotations
@@ -14,13 +17,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from specdec.config import ConfigError, SpecConfig
 
 from .head_drafter import HeadDrafter
 from .mtp_model import MTPModel
 
-__all__ = ["MTPDrafter"]
+__all__ = ["MTPDrafter", "restricted_head"]
+
+
+def restricted_head(weight: torch.Tensor, target_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The output head ``[.., d] -> [.., Vd]`` of the rows `target_ids` ([Vd] int64) of
+    `weight` ([V, d]), computed in the weight's dtype."""
+    rows = weight.detach()[target_ids.to(weight.device)].contiguous()  # [Vd, d]
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(rows.dtype), rows)
+
+    return head
 
 
 class MTPDrafter(HeadDrafter):
@@ -30,8 +45,10 @@ class MTPDrafter(HeadDrafter):
         model: the MTP head (`MTPModel`), on the device and dtype to run in.
         config: the engine's `SpecConfig` (B, N, D, K, tree shape, max_seq_len, block size).
         embed: the target's embedding, ``tokens [B, T] int64 -> [B, T, d]``.
-        head: the target's output head ``[.., d] -> [.., V]``; None when the module has its
-            own ``lm_head``.
+        head: the output head ``[.., d] -> [.., V]`` (the target's), or ``[.., d] -> [.., Vd]``
+            with `target_ids` (`restricted_head`); None = the module's own ``lm_head``.
+        target_ids: [Vd] int64 ascending target ids of a draft vocabulary (`head` must
+            then produce their logits), or None for the full vocabulary.
         samples_drafts: sample drafts from the head's (tempered) distribution and return
             `draft_probs` (for verifier="speculative"); else argmax / top-K.
         seed: of the draft-sampling generator.
@@ -52,16 +69,20 @@ class MTPDrafter(HeadDrafter):
         *,
         embed: Callable[[torch.Tensor], torch.Tensor],
         head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        target_ids: torch.Tensor | None = None,
         samples_drafts: bool = False,
         seed: int = 0,
     ) -> None:
         mcfg = model.config
         if model.lm_head is None and head is None:
             raise ConfigError("the MTP head has no lm_head of its own; pass the target's output head (head=...)")
+        if target_ids is not None and head is None:
+            raise ConfigError("a draft vocabulary (target_ids) needs its head: head=restricted_head(weight, target_ids)")
         self.head = head
         super().__init__(
             model, config, embed=embed, hidden_size=mcfg.hidden_size, num_kv_heads=mcfg.num_key_value_heads,
-            head_dim=mcfg.head_dim, draft_vocab_size=mcfg.vocab_size, hidden_width=mcfg.hidden_size,
+            head_dim=mcfg.head_dim, draft_vocab_size=mcfg.vocab_size if target_ids is None else target_ids.numel(),
+            vocab_size=mcfg.vocab_size, target_ids=target_ids, hidden_width=mcfg.hidden_size,
             samples_drafts=samples_drafts, seed=seed,
         )
 

@@ -18,6 +18,9 @@ Options, in ``SpecConfig.plugin_options["mtp"]`` (a dict):
 - ``"seed"``: seed of the draft-sampling generator (default 0).
 - ``"sample_drafts"``: sample drafts (default: True exactly when the verifier is
   ``"speculative"``, the one that needs draft probabilities).
+- ``"draft_vocab"``: restrict drafting to a draft vocabulary: ``"auto"`` (default: the
+  checkpoint folder's ``draft_vocab.safetensors`` when it has one, else the full vocabulary),
+  ``"full"``, a path to such a file, or a [Vd] int64 tensor of ascending target ids.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from specdec.hookspecs import hookimpl
 from specdec.plugins.options import device_and_dtype, plugin_options
 
 NAME = "mtp"
-_KNOWN = frozenset({"checkpoint", "model", "layout", "mtp_layer", "device", "dtype", "seed", "sample_drafts"})
+_KNOWN = frozenset(
+    {"checkpoint", "model", "layout", "mtp_layer", "device", "dtype", "seed", "sample_drafts", "draft_vocab"}
+)
 
 
 def _options(config: SpecConfig) -> dict:
@@ -59,6 +64,25 @@ def _load(options: dict, device, dtype):
     raise ConfigError(f"plugin_options['mtp']['checkpoint'] must be a path or an MTPModel, got {type(src).__name__}")
 
 
+def _draft_vocab(options: dict, vocab_size: int):
+    """[Vd] int64 target ids of the draft vocabulary, or None for the full vocabulary."""
+    from specdec.drafters.mtp_checkpoint import check_draft_vocab, load_draft_vocab
+
+    choice = options.get("draft_vocab", "auto")
+    if isinstance(choice, torch.Tensor):
+        return check_draft_vocab(choice.to("cpu", torch.int64), vocab_size, "plugin_options['mtp']['draft_vocab']")
+    if choice == "full":
+        return None
+    if choice == "auto":
+        src = options.get("model", options.get("checkpoint"))
+        return load_draft_vocab(src, vocab_size=vocab_size) if isinstance(src, (str, Path)) else None
+    if isinstance(choice, (str, Path)):
+        return load_draft_vocab(choice, vocab_size=vocab_size)
+    raise ConfigError(
+        f"plugin_options['mtp']['draft_vocab']={choice!r}; allowed: 'auto', 'full', a path, or an int64 tensor of target ids"
+    )
+
+
 @hookimpl
 def specdec_strategy_names():
     return {"drafter": [NAME]}
@@ -81,7 +105,7 @@ def specdec_draft(config: SpecConfig, target):
     if config.drafter != NAME:
         return None
     from specdec.drafters.mtp_checkpoint import check_against_target
-    from specdec.drafters.mtp_drafter import MTPDrafter
+    from specdec.drafters.mtp_drafter import MTPDrafter, restricted_head
 
     options = _options(config)
     device, dtype = device_and_dtype(options, target, NAME)
@@ -93,7 +117,7 @@ def specdec_draft(config: SpecConfig, target):
             "the MTP head shares the target's embeddings: resolve with a TargetInfo that carries the loaded target "
             "(TargetInfo.model), as SpecDecoder does"
         )
-    head = None
+    head, weight = None, None
     if model.lm_head is None:
         lm_head = getattr(target_model, "lm_head", None)
         if lm_head is None:
@@ -109,7 +133,11 @@ def specdec_draft(config: SpecConfig, target):
             return lm_head(x.to(weight.dtype))
 
         head = shared_head
+    target_ids = _draft_vocab(options, model.config.vocab_size)
+    if target_ids is not None:
+        head = restricted_head(model.lm_head.weight if model.lm_head is not None else weight, target_ids)
     samples = options.get("sample_drafts", config.verifier == "speculative")
     return MTPDrafter(
-        model, config, embed=target_model.embed, head=head, samples_drafts=bool(samples), seed=int(options.get("seed", 0))
+        model, config, embed=target_model.embed, head=head, target_ids=target_ids, samples_drafts=bool(samples),
+        seed=int(options.get("seed", 0)),
     )

@@ -93,8 +93,13 @@ def _cmd_eval(args, argv) -> int:
     if headless == (args.head is not None):
         raise SystemExit(f"--drafter {args.drafter} " + ("takes no --head" if headless else "needs --head"))
     head = None if headless else Path(args.head).expanduser()
+    try:
+        options = json.loads(args.plugin_options) if args.plugin_options else None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--plugin-options {args.plugin_options!r} is not JSON: {e}")
     rows = evaluate_head(target, head, prompts, setups=tuple(args.eval_setups.split(",")),
-                         batch_size=args.eval_batch_size, max_new_tokens=args.eval_max_new_tokens, drafter=args.drafter)
+                         batch_size=args.eval_batch_size, max_new_tokens=args.eval_max_new_tokens, drafter=args.drafter,
+                         plugin_options=options)
     print(format_table(rows, title=f"{args.head or args.drafter} on {len(prompts)} held-out prompts ({args.eval_source}), greedy, "
                                    f"{args.eval_max_new_tokens} new tokens, {device}"))
     if args.json:
@@ -200,6 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--plugin-options", default=None,
+                   help='SpecConfig.plugin_options of the drafted setups, as JSON, e.g. \'{"mtp": {"draft_vocab": "full"}}\'')
     _eval_args(p)
     p.set_defaults(fn=_cmd_eval)
 

@@ -63,6 +63,7 @@ def evaluate_head(
     warmup: bool = True,
     progress: bool = True,
     drafter: str = "eagle3",
+    plugin_options: dict | None = None,
 ) -> list[dict]:
     """Run every setup on `prompts` (greedy) and measure acceptance length and speed.
 
@@ -72,6 +73,8 @@ def evaluate_head(
             without a model ("ngram").
         setups: members of `SETUPS`.
         drafter: the drafter the non-target setups run: a key of `DRAFTER_SETUPS`.
+        plugin_options: `SpecConfig.plugin_options` of the drafted setups (e.g.
+            ``{"mtp": {"draft_vocab": "full"}}``).
     Returns:
         one dict per setup: name, prompts, tau, tau_code, tau_chat, new_tokens, seconds,
         tokens_per_s, same_as_target (share of outputs equal to target-only's, when run).
@@ -96,6 +99,8 @@ def evaluate_head(
         n_slots = base.num_tree_slots if key != "target" else 1
         max_seq_len = -(-(longest + max_new_tokens + n_slots + 1) // 16) * 16
         config = base.replace(max_batch_size=min(batch_size, len(ids)), max_seq_len=max_seq_len, kv_block_size=16)
+        if key != "target" and plugin_options:
+            config = config.replace(plugin_options=plugin_options)
         draft = None if key == "target" else head
         dec = SpecDecoder.from_pretrained(target, draft, config)
         if warmup:  # Triton compilation and allocator warm-up stay out of the timing

@@ -22,7 +22,10 @@ import torch
 
 __all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "load_or_make_data", "run_pipeline"]
 
-OUT_FILES = ("config.json", "model.safetensors", "training_curves.png", "train_log.jsonl", "TRAINING.md", "eval.json")
+OUT_FILES = (
+    "config.json", "model.safetensors", "draft_vocab.safetensors", "training_curves.png", "train_log.jsonl",
+    "TRAINING.md", "eval.json",
+)
 
 
 class Phases:
@@ -45,7 +48,8 @@ class Phases:
 class HeadRecipe:
     """One head kind. train(target, data, cfg, work_dir=, log_path=, resume=) -> `TrainResult`;
     save(head, folder, dtype=) writes config.json + model.safetensors; head_lines(result)
-    -> the record's "Head" bullet lines; config_note is printed before the training config."""
+    -> the record's "Head" bullet lines; config_note is printed before the training config;
+    extras(folder, target, data, cfg) -> more record lines, after writing any extra files."""
 
     drafter: str
     title: str
@@ -54,6 +58,7 @@ class HeadRecipe:
     save: Callable
     head_lines: Callable
     config_note: str = "config"
+    extras: Callable | None = None
 
 
 def _eagle3_recipe() -> HeadRecipe:
@@ -80,12 +85,31 @@ def _mtp_recipe() -> HeadRecipe:
     def head_lines(result):
         return [f"config: `{json.dumps(asdict(result.head.config), default=str)}`"]
 
+    def draft_vocab(out: Path, target, data, cfg) -> list[str]:
+        """draft_vocab.safetensors: the cfg.draft_vocab_size most frequent training targets."""
+        from specdec.drafters.mtp_checkpoint import save_draft_vocab
+
+        from .data import split_validation
+        from .vocab import build_vocab_map, coverage, token_counts
+
+        V = target.info.vocab_size
+        if cfg.draft_vocab_size >= V:
+            return ["draft vocabulary: none (drafting covers the whole vocabulary)"]
+        train_idx, _ = split_validation(len(data), cfg.val_fraction, cfg.seed)  # counted as EAGLE-3's trainer does
+        counts = token_counts(data.subset(train_idx), V, prompt_weight=cfg.prompt_weight)
+        d2t, t2d = build_vocab_map(counts, cfg.draft_vocab_size)
+        save_draft_vocab(out, torch.arange(cfg.draft_vocab_size) + d2t)
+        return [f"draft vocabulary (draft_vocab.safetensors): {cfg.draft_vocab_size} tokens covering "
+                f"{coverage(counts, t2d):.1%} of the training targets; drafting is restricted to it, the head is not"]
+
     return HeadRecipe(
         "mtp", "MTP head",
         "standalone specdec MTP layout (config.json + model.safetensors, bf16); MTP-Eagle recursion on the target's "
         "last hidden state, logits through the target's lm_head",
         train_mtp, save_mtp, head_lines,
-        config_note="config (ttt_steps = recursion depth; draft_vocab_size / fc_norm / capture_layers unused)",
+        config_note="config (ttt_steps = recursion depth; fc_norm / capture_layers unused; draft_vocab_size: the "
+                    "draft vocabulary written beside the head, the loss covers the full vocabulary)",
+        extras=draft_vocab,
     )
 
 
@@ -125,7 +149,8 @@ def load_or_make_data(args, target, work: Path, phases: Phases):
     return data
 
 
-def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, phases: Phases, eval_rows) -> None:
+def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, phases: Phases, eval_rows,
+                  extra_lines: list[str]) -> None:
     from .evaluate import format_table
 
     head = result.head
@@ -158,7 +183,7 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         "## Head",
         "",
         f"- parameters: {n_params:,} ({size / 1e6:.2f} MB file)",
-        *(f"- {line}" for line in recipe.head_lines(result)),
+        *(f"- {line}" for line in recipe.head_lines(result) + extra_lines),
         "",
         "## Training",
         "",
@@ -203,6 +228,7 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
         log_path.unlink(missing_ok=True)
     result = phases.run("train", recipe.train, target, data, cfg, work_dir=work, log_path=log_path, resume=args.resume)
     recipe.save(result.head, out, dtype=torch.bfloat16)
+    extra_lines = recipe.extras(out, target, data, cfg) if recipe.extras is not None else []
     size = (out / "model.safetensors").stat().st_size
     print(f"[specdec.train] head: {out / 'model.safetensors'} ({size / 1e6:.2f} MB, bf16)")
     try:
@@ -211,7 +237,7 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
         phases.run("plot", plot_training_log, log_path, out / "training_curves.png", title=f"{recipe.title} for {args.target}")
     except ImportError as e:
         print(f"[specdec.train] no PNG: {e}; later: python -m specdec.train plot --log {log_path}")
-    _write_record(recipe, out, args, argv, data, cfg, result, phases, None)  # complete before the (long) evaluation
+    _write_record(recipe, out, args, argv, data, cfg, result, phases, None, extra_lines)  # complete before the (long) evaluation
     if args.eval:
         prompts = eval_prompts(args)
         setups = tuple(args.eval_setups.split(","))
@@ -219,7 +245,7 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
                           max_new_tokens=args.eval_max_new_tokens, drafter=recipe.drafter)
         print(format_table(rows, title=f"held-out prompts ({args.eval_source}), greedy, {args.eval_max_new_tokens} new tokens"))
         (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
-        _write_record(recipe, out, args, argv, data, cfg, result, phases, rows)
+        _write_record(recipe, out, args, argv, data, cfg, result, phases, rows, extra_lines)
     total = time.perf_counter() - phases.start
     print(f"[specdec.train] done in {total:.1f} s; outputs in {out}: "
           + ", ".join(f for f in OUT_FILES if (out / f).exists()))
