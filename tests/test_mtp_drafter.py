@@ -263,6 +263,6 @@ def test_a_draft_vocabulary_keeps_drafts_and_draft_probs_inside_it(samples):
         assert float(t.draft_probs[..., outside].abs().max()) == 0.0
         rows = t.draft_probs.sum(-1)  # [B, N]: a node whose children were drafted holds their distribution
         assert bool(((rows - 1).abs() < 1e-6).logical_or(rows == 0).all()) and bool((rows[:, 0] > 0.5).all())
-    own, cfg = make(has_lm_head=True)  # the module's own lm_head cannot serve a draft vocabulary by itself
-    with pytest.raises(ConfigError, match=r"a draft vocabulary \(target_ids\) needs its head"):
-        MTPDrafter(own.model, cfg, embed=own.embed, head=None, target_ids=ids)
+    own, cfg = make(has_lm_head=True)
+    with pytest.raises(ConfigError, match=r"share the target's lm_head; this one has its own lm_head"):
+        MTPDrafter(own.model, cfg, embed=own.embed, head=restricted_head(own.model.lm_head.weight, ids), target_ids=ids)

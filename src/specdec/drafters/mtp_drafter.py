@@ -45,8 +45,8 @@ class MTPDrafter(HeadDrafter):
         model: the MTP head (`MTPModel`), on the device and dtype to run in.
         config: the engine's `SpecConfig` (B, N, D, K, tree shape, max_seq_len, block size).
         embed: the target's embedding, ``tokens [B, T] int64 -> [B, T, d]``.
-        head: the output head ``[.., d] -> [.., V]`` (the target's), or ``[.., d] -> [.., Vd]``
-            with `target_ids` (`restricted_head`); None = the module's own ``lm_head``.
+        head: the target's output head ``[.., d] -> [.., V]``, or ``[.., d] -> [.., Vd]`` with
+            `target_ids` (`restricted_head`); None when the module has its own ``lm_head``.
         target_ids: [Vd] int64 ascending target ids of a draft vocabulary (`head` must
             then produce their logits), or None for the full vocabulary.
         samples_drafts: sample drafts from the head's (tempered) distribution and return
@@ -76,8 +76,11 @@ class MTPDrafter(HeadDrafter):
         mcfg = model.config
         if model.lm_head is None and head is None:
             raise ConfigError("the MTP head has no lm_head of its own; pass the target's output head (head=...)")
-        if target_ids is not None and head is None:
-            raise ConfigError("a draft vocabulary (target_ids) needs its head: head=restricted_head(weight, target_ids)")
+        if target_ids is not None and model.lm_head is not None:
+            raise ConfigError(
+                "a draft vocabulary (target_ids) is for MTP heads that share the target's lm_head; this one has its "
+                "own lm_head (use draft_vocab='full')"
+            )
         self.head = head
         super().__init__(
             model, config, embed=embed, hidden_size=mcfg.hidden_size, num_kv_heads=mcfg.num_key_value_heads,

@@ -179,17 +179,16 @@ class MTPModel(nn.Module):
     def logits(self, state: torch.Tensor, head: Head | None = None) -> torch.Tensor:
         """Block output [..., d] -> logits [..., V] float32 (float64 for a float64 head).
 
-        head: the output head to use: the target's shared head (a module without ``lm_head``),
-            or a draft-vocabulary slice of either (`mtp_drafter.restricted_head`); None = the
-            module's own ``lm_head``.
+        head: the target's shared output head (or a draft-vocabulary slice of it,
+            `mtp_drafter.restricted_head`), used when the module has no ``lm_head``.
         """
         x = self.normed(state)
-        if head is not None:
-            out = head(x)
-        elif self.lm_head is not None:
+        if self.lm_head is not None:
             out = self.lm_head(x)
-        else:
+        elif head is None:
             raise ValueError("this MTP head has no lm_head of its own; pass the target's head (head=...)")
+        else:
+            out = head(x)
         return out.to(torch.promote_types(out.dtype, torch.float32))
 
     def feedback(self, state: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ Options, in ``SpecConfig.plugin_options["mtp"]`` (a dict):
   ``"speculative"``, the one that needs draft probabilities).
 - ``"draft_vocab"``: restrict drafting to a draft vocabulary: ``"auto"`` (default: the
   checkpoint folder's ``draft_vocab.safetensors`` when it has one, else the full vocabulary),
-  ``"full"``, a path to such a file, or a [Vd] int64 tensor of ascending target ids.
+  ``"full"``, a path to such a file, or a [Vd] int64 tensor of ascending target ids. Only
+  for heads that share the target's lm_head (specdec's; not a MiMo head with its own).
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def specdec_draft(config: SpecConfig, target):
 
         head = shared_head
     target_ids = _draft_vocab(options, model.config.vocab_size)
-    if target_ids is not None:
-        head = restricted_head(model.lm_head.weight if model.lm_head is not None else weight, target_ids)
+    if target_ids is not None and weight is not None:  # (a module with its own lm_head is refused by MTPDrafter)
+        head = restricted_head(weight, target_ids)
     samples = options.get("sample_drafts", config.verifier == "speculative")
     return MTPDrafter(
         model, config, embed=target_model.embed, head=head, target_ids=target_ids, samples_drafts=bool(samples),
