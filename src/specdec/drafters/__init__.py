@@ -5,6 +5,7 @@ shared draft loop, and the model-free n-gram drafter.
 - `eagle3_checkpoint`: strict `load_eagle3` / `save_eagle3` (official and speculators layouts).
 - `capture_conventions`: "output" (specdec) vs "input" (SGLang/vLLM) layer ids, converters.
 - `dynamic_tree`: EAGLE-2 expansion and sampled whole-group trees, as tensor functions.
+- `draft_layers`: the attention and SwiGLU pieces both heads are built from.
 - `draft_attention`: attention over the paged draft prefix plus draft-tree nodes.
 - `head_drafter`: `HeadDrafter`, the draft loop over a paged draft KV shared by the heads.
 - `eagle3_drafter`: `Eagle3Drafter`, the `Drafter` the `eagle3` plugin returns.

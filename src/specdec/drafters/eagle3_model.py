@@ -17,12 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specdec.models.config import RopeConfig
 from specdec.models.llama import RMSNorm
-from specdec.models.rope import Rotary, apply_rotary
+from specdec.models.rope import Rotary
+
+from .draft_layers import DraftAttention, SwiGLU
 
 __all__ = ["Eagle3Config", "Eagle3Model", "Eagle3ShapeError", "random_vocab_map"]
 
@@ -93,38 +94,6 @@ class Eagle3Config:
         return self.num_capture * self.target_hidden_size
 
 
-class Eagle3Attention(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        d, H, Hkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = H, Hkv, hd
-        self.q_proj = nn.Linear(2 * d, H * hd, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(2 * d, Hkv * hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(2 * d, Hkv * hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(H * hd, d, bias=cfg.attention_bias)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """x: [B, T, 2d] -> [B, T, d]; `attend` stores K/V and attends."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, hd]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, hd]
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = attend(q, k, v)  # [B, T, H, hd]
-        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))
-
-
-class Eagle3MLP(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Eagle3Layer(nn.Module):
     """The single draft decoder layer (official name: ``midlayer``)."""
 
@@ -133,9 +102,11 @@ class Eagle3Layer(nn.Module):
         self.norm_before_residual = cfg.norm_before_residual
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # embedding path
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # hidden path
-        self.self_attn = Eagle3Attention(cfg)
+        d = cfg.hidden_size
+        self.self_attn = DraftAttention(2 * d, d, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                        qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = Eagle3MLP(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, embeds, hidden, cos, sin, attend: Attend) -> torch.Tensor:
         """embeds, hidden: [B, T, d] -> the layer output [B, T, d] (fed to the next draft step)."""

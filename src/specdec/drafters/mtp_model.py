@@ -29,14 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specdec.models.config import RopeConfig
 from specdec.models.llama import RMSNorm
-from specdec.models.rope import Rotary, apply_rotary
+from specdec.models.rope import Rotary
 
 from .draft_attention import causal_attend
+from .draft_layers import DraftAttention, SwiGLU
 
 __all__ = ["MTPConfig", "MTPModel", "MTPShapeError", "CONCAT_ORDERS", "init_random_"]
 
@@ -98,42 +98,6 @@ class MTPConfig:
             raise ValueError(f"MTPConfig.rms_norm_eps={self.rms_norm_eps!r} must be a float in (0, 1)")
 
 
-class MTPAttention(nn.Module):
-    def __init__(self, cfg: MTPConfig):
-        super().__init__()
-        d, H, Hkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = H, Hkv, hd
-        self.q_proj = nn.Linear(d, H * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(d, Hkv * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(d, Hkv * hd, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(H * hd, d, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """x: [B, T, d] -> [B, T, d]; `attend` stores the new K/V and attends."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, hd]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, hd]
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = attend(q, k, v)  # [B, T, H, hd]
-        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))
-
-
-class MTPMLP(nn.Module):
-    def __init__(self, cfg: MTPConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class MTPModel(nn.Module):
     """One MTP module. ``state_dict()`` keys are specdec's standalone layout (MiMo names)."""
 
@@ -145,9 +109,11 @@ class MTPModel(nn.Module):
         self.hidden_layernorm = RMSNorm(d, cfg.rms_norm_eps)  # hnorm: target-state path
         self.input_proj = nn.Linear(2 * d, d, bias=False)  # eh_proj
         self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.self_attn = MTPAttention(cfg)
+        self.self_attn = DraftAttention(d, d, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                        qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=cfg.qk_norm,
+                                        eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.mlp = MTPMLP(cfg)
+        self.mlp = SwiGLU(d, cfg.intermediate_size)
         self.final_layernorm = RMSNorm(d, cfg.rms_norm_eps) if cfg.has_final_norm else None
         self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False) if cfg.has_lm_head else None
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
