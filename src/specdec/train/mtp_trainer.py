@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
-from specdec.drafters.mtp_model import MTPConfig, MTPModel
+from specdec.drafters.mtp_model import MTPConfig, MTPModel, init_random_
 
 from .mtp_unroll import mtp_teacher_forward, mtp_unroll
-from .trainer import TrainConfig, TrainResult, checkpoint_saver, prepare_run, run_training_loop
+from .trainer import TrainConfig, TrainResult, checkpoint_saver, prepare_run, run_training_loop, scaled_output_norm
 
 __all__ = ["build_mtp_head", "train_mtp"]
 
@@ -39,21 +39,12 @@ def build_mtp_head(target, cfg: TrainConfig) -> MTPModel:
         rope=mc.rope,
         max_position_embeddings=mc.max_position_embeddings,
     )
-    head = MTPModel(mcfg)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * cfg.init_std)
-        if cfg.init_from_target and head.final_layernorm is not None:
-            rows = target.model.lm_head.weight.detach().float().cpu()  # [V, d]
-            w = target.model.norm.weight.detach().float().cpu()  # [d]
-            scale = (rows.pow(2) @ w.pow(2)).sqrt().median().clamp_min(1e-6)  # as trainer.build_head
-            head.final_layernorm.weight.copy_(w / scale)
+    head = init_random_(MTPModel(mcfg), torch.Generator().manual_seed(cfg.seed), std=cfg.init_std)
+    if cfg.init_from_target and head.final_layernorm is not None:
+        rows = target.model.lm_head.weight.detach().float().cpu()  # [V, d]
+        w = target.model.norm.weight.detach().float().cpu()  # [d]
+        with torch.no_grad():
+            head.final_layernorm.weight.copy_(scaled_output_norm(rows, w))
     return head
 
 

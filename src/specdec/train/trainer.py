@@ -41,7 +41,7 @@ from .vocab import build_vocab_map, coverage, token_counts
 
 __all__ = [
     "RunSetup", "TrainConfig", "TrainResult", "build_head", "checkpoint_saver", "lr_at", "prepare_run", "run_training_loop",
-    "train_eagle3",
+    "scaled_output_norm", "train_eagle3",
 ]
 
 STATE_FILE = "trainer_state.pt"
@@ -133,6 +133,14 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def scaled_output_norm(rows: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """The target's final-norm weight [d] scaled so that a random (unit-RMS) hidden state gives
+    logits of std ~1 through the output rows [V', d] (unscaled, SmolLM2's would start at std ~6:
+    cross-entropy ~20): a head's initial output norm, keeping the target's output geometry."""
+    scale = (rows.pow(2) @ norm_weight.pow(2)).sqrt().median().clamp_min(1e-6)
+    return norm_weight / scale
+
+
 def build_head(target, cfg: TrainConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Model:
     """A fresh EAGLE-3 head shaped after `target` (one layer like the target's), with the vocab map."""
     mc = target.config
@@ -169,11 +177,8 @@ def build_head(target, cfg: TrainConfig, d2t: torch.Tensor, t2d: torch.Tensor) -
             used = torch.arange(hcfg.draft_vocab_size) + d2t
             rows = target.model.lm_head.weight.detach().float().cpu()[used]  # [Vd, d]
             w = target.model.norm.weight.detach().float().cpu()  # [d]
-            # The target's output geometry, scaled so that a random (unit-RMS) hidden state gives
-            # logits of std ~1 (unscaled, SmolLM2's would start at std ~6: cross-entropy ~20).
-            scale = (rows.pow(2) @ w.pow(2)).sqrt().median().clamp_min(1e-6)
             head.lm_head.weight.copy_(rows)
-            head.norm.weight.copy_(w / scale)
+            head.norm.weight.copy_(scaled_output_norm(rows, w))
     return head
 
 
