@@ -3,14 +3,24 @@
 Owns the kernel that reads K/V straight from `PagedKVCache` through the block tables
 (no gathered copy), its split-KV combine kernel, and `paged_attention` (the entry point
 behind `runtime.attention(..., impl="triton")`). The specification is
-`specdec.runtime.attention.attention_ref`, with the same arguments; the visibility rule is
-written down there and is not repeated here.
+`specdec.runtime.attention.attention_ref`, with the same arguments; the visibility rule
+(including `key_len`) is written down there and is not repeated here. Imports only
+`runtime.attention_batch` from specdec.
 
 Work split: one program per (row b, KV head, tile of BLOCK_M query rows, key split). The
 query rows of a tile are (t, g) pairs, t = query row, g = head in the GQA group of that KV
 head, so the G query heads sharing a KV head read each K/V tile once. Long contexts with
 few programs (bs 1) are split along the keys (flash-decoding); each split writes a partial
 output and its log-sum-exp, and a second kernel combines them.
+
+Launches do not depend on the context length (one CUDA graph serves every length): the
+number of splits NUM_SPLITS comes from static sizes only (`choose_num_splits`; max_kv_len
+is an upper bound there), and each program finds its key range from the row's real key
+count: the tile's keys [lo, end) (end = cache_len + new keys, fewer for a causal tile, lo >
+0 only under a sliding window) are cut into NUM_SPLITS pieces of L = ceil((end - lo) /
+NUM_SPLITS) keys rounded up to BLOCK_N; split s scans [lo + s*L, lo + (s+1)*L) ∩ [lo, end).
+Splits past the real length scan nothing and write an empty partial (lse = -inf), which
+the combine kernel gives weight 0.
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from specdec.runtime.attention_batch import check_batch, query_positions
 
 try:
     import triton
@@ -54,13 +66,13 @@ if HAS_TRITON:
     @triton.jit
     def _attend_tile(
         start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
-        k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
+        k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
         PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     ):
         """One key tile [start, start + BLOCK_N): scores, visibility, online-softmax update."""
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
-        in_range = pos < hi
+        in_range = (pos < hi) & (pos < MAX_POS)  # past the block table: unallocated, never read
         blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE, mask=in_range, other=-1)
         key_ok = in_range & (blk >= 0)
         row = blk * BLOCK_SIZE + pos % BLOCK_SIZE  # flat token row
@@ -108,12 +120,13 @@ if HAS_TRITON:
         q_ptr, sq_b, sq_t, sq_h,  # q [B, T, H, hd]
         k_ptr, v_ptr, skv_tok, skv_h,  # layer rows [num_tokens + 1, Hkv, hd]
         bt_ptr, sbt,  # block tables [max_batch_size, blocks_per_seq]
-        slots_ptr, cache_len_ptr, q_len_ptr,  # [B] each
+        slots_ptr, cache_len_ptr,  # [B] each
+        q_len_ptr, s_key,  # q_len[b] at q_len_ptr + b, new keys[b] at q_len_ptr + s_key + b (s_key 0: = q_len)
         mask_ptr, sm_b, sm_t,  # packed tree mask [B, T, W] int32 (unused when not IS_TREE)
         pos_ptr, sp_b,  # RoPE positions [B, T] (unused without a window)
         o_ptr, so_s, so_b, so_t, so_h,  # out [B, T, H, hd], or partial [S, B, T, H, hd] fp32
         lse_ptr, sl_s, sl_b, sl_t,  # partial log-sum-exp [S, B, T, H] fp32 (NUM_SPLITS > 1)
-        scale, window, T, HKV, G, ROWS, SPLIT_LEN,  # runtime ints: fewer specializations
+        scale, window, T, HKV, G, ROWS, NUM_SPLITS, MAX_POS,  # runtime ints: fewer specializations
         HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
         PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
@@ -126,6 +139,7 @@ if HAS_TRITON:
         slot = tl.load(slots_ptr + b)
         cache_len = tl.load(cache_len_ptr + b)
         q_len = tl.load(q_len_ptr + b)
+        n_new = tl.load(q_len_ptr + s_key + b)  # new key rows: key_len (tree) or q_len
 
         m = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query-head rows
         t = m // G
@@ -141,17 +155,24 @@ if HAS_TRITON:
         if INTERPRET:  # the interpreter's 16-bit tl.dot is wrong (numpy has no bfloat16): dot in fp32
             q = q.to(tl.float32)
 
-        lo = split * SPLIT_LEN
-        hi = tl.minimum(lo + SPLIT_LEN, cache_len + q_len)
+        # the tile's keys [first, end), from this row's real lengths (not from max_kv_len)
+        end = cache_len + n_new
         t_last = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, T - 1)
         if not IS_TREE:  # causal: keys past the tile's last row are invisible to all its rows
-            hi = tl.minimum(hi, cache_len + t_last + 1)
+            end = tl.minimum(end, cache_len + t_last + 1)
+        first = end * 0  # 0, as a tensor of end's type
         qpos = t  # placeholder when there is no window
         if HAS_WINDOW:
             qpos = tl.load(pos_ptr + b * sp_b + t, mask=row_ok, other=0)
             # committed keys older than every row's window are invisible to the whole tile
             qpos_min = tl.min(tl.where(row_ok, qpos, 1 << 62), axis=0)
-            lo = tl.maximum(lo, tl.minimum(qpos_min - window + 1, cache_len))
+            first = tl.maximum(first, tl.minimum(qpos_min - window + 1, cache_len))
+        # split s of NUM_SPLITS: [first + s*L, first + (s+1)*L) within [first, end), L a multiple
+        # of BLOCK_N; empty (an lse of -inf) when the row has too few keys
+        per_split = (end - first + NUM_SPLITS - 1) // NUM_SPLITS
+        per_split = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        lo = first + split * per_split
+        hi = tl.minimum(lo + per_split, end)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -162,7 +183,7 @@ if HAS_TRITON:
                 m_i, l_i, acc = _attend_tile(
                     start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
                     k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
-                    BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
+                    MAX_POS, BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
                 )
                 start += BLOCK_N
         else:
@@ -170,7 +191,7 @@ if HAS_TRITON:
                 m_i, l_i, acc = _attend_tile(
                     start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
                     k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
-                    BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
+                    MAX_POS, BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
                 )
 
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows that saw nothing stay 0
@@ -182,26 +203,35 @@ if HAS_TRITON:
             tl.store(lse_ptr + split * sl_s + b * sl_b + t * sl_t + h, lse, mask=m < ROWS)
 
     _paged_attention_tuned = triton.autotune(
-        configs=_autotune_configs(), key=["ROWS", "HD_PAD", "BLOCK_M", "IS_TREE", "SPLIT", "SPLIT_LEN"]
+        configs=_autotune_configs(), key=["ROWS", "HD_PAD", "BLOCK_M", "IS_TREE", "SPLIT", "NUM_SPLITS"]
     )(_paged_attention_kernel)
+
+    # rows per combine program: [COMBINE_ROWS, HD_PAD] fp32 accumulators stay in registers,
+    # and the interpreter runs B*T*H / COMBINE_ROWS programs instead of B*T*H
+    _COMBINE_ROWS = tl.constexpr(16)
 
     @triton.jit
     def _combine_kernel(
-        part_ptr, sp_s, lse_ptr, sl_s, o_ptr,  # part [S, R, hd] fp32, lse [S, R] fp32, out [R, hd]
+        part_ptr, sp_s, lse_ptr, sl_s, o_ptr, R,  # part [S, R, hd] fp32, lse [S, R] fp32, out [R, hd]
         HD: tl.constexpr, HD_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
     ):
-        r = tl.program_id(0)
+        r = tl.program_id(0) * _COMBINE_ROWS + tl.arange(0, _COMBINE_ROWS)  # [RB] rows
+        r_ok = r < R
         s = tl.arange(0, SPLITS_PAD)
         d = tl.arange(0, HD_PAD)
-        s_ok = s < NUM_SPLITS
-        lse = tl.load(lse_ptr + s * sl_s + r, mask=s_ok, other=float("-inf"))  # [S]
+        lse = tl.load(lse_ptr + s[:, None] * sl_s + r[None, :], mask=(s < NUM_SPLITS)[:, None] & r_ok[None, :],
+                      other=float("-inf"))  # [S, RB]
         top = tl.max(lse, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        w = tl.exp(lse - top)  # 0 for splits that saw nothing
-        part = tl.load(part_ptr + s[:, None] * sp_s + r * HD + d[None, :], mask=s_ok[:, None] & (d < HD)[None, :], other=0.0)
-        total = tl.sum(w, axis=0)
-        out = tl.sum(part * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-        tl.store(o_ptr + r * HD + d, out.to(o_ptr.dtype.element_ty), mask=d < HD)
+        top = tl.where(top == float("-inf"), 0.0, top)  # [RB]
+        total = tl.sum(tl.exp(lse - top[None, :]), axis=0)  # [RB]; empty splits (lse -inf) weigh 0
+        acc = tl.zeros([_COMBINE_ROWS, HD_PAD], tl.float32)
+        io_mask = r_ok[:, None] & (d < HD)[None, :]
+        for i in range(NUM_SPLITS):
+            w = tl.exp(tl.load(lse_ptr + i * sl_s + r, mask=r_ok, other=float("-inf")) - top)  # [RB]
+            part = tl.load(part_ptr + i * sp_s + r[:, None] * HD + d[None, :], mask=io_mask, other=0.0)
+            acc += part * w[:, None]
+        out = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(o_ptr + r[:, None] * HD + d[None, :], out.to(o_ptr.dtype.element_ty), mask=io_mask)
 
     @triton_op("specdec::paged_attention", mutates_args={})
     def paged_attention_triton(
@@ -212,13 +242,13 @@ if HAS_TRITON:
         slots: torch.Tensor,  # [B] int64
         cache_len: torch.Tensor,  # [B] int64
         q_len: torch.Tensor,  # [B] int64
+        key_len: torch.Tensor | None,  # [B] int64 new key rows (tree mode), None = q_len
         tree_mask: torch.Tensor | None,  # [B, T, W] int32 or None (causal)
         positions: torch.Tensor | None,  # [B, T] int64, needed with a window
         block_size: int,
-        max_kv_len: int,
         scale: float,
         window: int,  # <= 0: no window
-        num_splits: int,
+        num_splits: int,  # key splits, >= 1; static (does not follow the context length)
         autotune: bool,
     ) -> torch.Tensor:
         """Attention of `q` over the paged layer `k_rows`/`v_rows`; returns [B, T, H, hd]."""
@@ -228,10 +258,14 @@ if HAS_TRITON:
         rows = T * group
         block_m = _block_m(rows)
         hd_pad = max(16, triton.next_power_of_2(hd))
-        split_len = triton.cdiv(triton.cdiv(max_kv_len, num_splits), 128) * 128
-        num_splits = triton.cdiv(max_kv_len, split_len)
+        max_pos = block_tables.shape[1] * block_size  # logical positions a block table can address
         is_tree = tree_mask is not None
         has_window = window > 0
+        if key_len is None:  # the kernel reads the new-key count at q_len_ptr + s_key + b
+            lens, s_key = q_len, 0
+        else:
+            lens = torch.stack([q_len, key_len.to(q_len.dtype)])  # [2, B]
+            s_key = lens.stride(0)
         mask_arg = tree_mask if is_tree else cache_len
         pos_arg = positions if has_window else cache_len
         out = torch.empty((B, T, H, hd), device=q.device, dtype=q.dtype)
@@ -253,18 +287,19 @@ if HAS_TRITON:
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
             block_tables, block_tables.stride(0),
-            slots, cache_len, q_len,
+            slots, cache_len,
+            lens, s_key,
             mask_arg, tree_mask.stride(0) if is_tree else 0, tree_mask.stride(1) if is_tree else 0,
             pos_arg, positions.stride(0) if has_window else 0,
             o_arg, *o_strides,
             l_arg, *l_strides,
-            scale, window, T, hkv, group, rows, split_len,
+            scale, window, T, hkv, group, rows, num_splits, max_pos,
             HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m, SPLIT=num_splits > 1,
             IS_TREE=is_tree, HAS_WINDOW=has_window, PRECISION=precision, INTERPRET=_INTERPRET, **config,
         )
         if num_splits > 1:
-            wrap_triton(_combine_kernel)[(B * T * H,)](
-                part, part.stride(0), lse, lse.stride(0), out,
+            wrap_triton(_combine_kernel)[(triton.cdiv(B * T * H, _COMBINE_ROWS.value),)](
+                part, part.stride(0), lse, lse.stride(0), out, B * T * H,
                 HD=hd, HD_PAD=hd_pad, NUM_SPLITS=num_splits, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
             )
         return out
@@ -276,8 +311,9 @@ def _block_m(rows: int) -> int:
 
 
 def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_kv_len: int, num_sms: int) -> int:
-    """Key splits so that the grid fills the GPU (2 programs per SM): >= 1, each split
-    >= 128 keys, at most 32."""
+    """Key splits so that the grid fills the GPU (2 programs per SM): >= 1, at most 32, and
+    at most max_kv_len // 128 (a split of the longest row has >= 128 keys). Static sizes
+    only, so one launch (one CUDA graph) serves every context length up to max_kv_len."""
     programs = batch * kv_heads * q_tiles
     want = -(-2 * num_sms // programs)
     return max(1, min(want, max_kv_len // 128, 32))
@@ -286,7 +322,11 @@ def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_kv_len: int, 
 def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None, autotune=None):
     """`runtime.attention(..., impl="triton")`: see `attention_ref` for the arguments.
 
-    `num_splits` forces the number of key splits (tests); None picks it from the grid size.
+    `num_splits` forces the number of key splits (tests); None picks it from static sizes
+    (`choose_num_splits`). The result does not depend on `batch.max_kv_len` (beyond fp
+    rounding through the split count): each split's key range follows the row's real key
+    count on the device, so there is no host sync and a captured CUDA graph can be replayed
+    for any context length up to max_kv_len.
     `autotune`: pick BLOCK_N / warps / stages by timing, once per shape family (default: on
     CUDA for 16-bit caches; off for float32, whose exact-fp32 dots compile slowly, and under
     the interpreter; tests turn it off to keep compiles few).
@@ -295,6 +335,7 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         autotune = q.is_cuda and not _INTERPRET and cache.dtype != torch.float32
     if not HAS_TRITON:
         raise RuntimeError("impl='triton' needs the triton package; use impl='ref'")
+    check_batch(batch, sliding_window)
     out_dtype = q.dtype
     if q.dtype != cache.dtype:  # the kernel's dot takes one dtype: compute in the cache's
         q = q.to(cache.dtype)
@@ -306,11 +347,9 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         rows = T * (H // hkv)
         q_tiles = -(-rows // _block_m(rows))
         num_splits = choose_num_splits(B, hkv, q_tiles, batch.max_kv_len, cache.num_sms)
-    positions = None
-    if sliding_window is not None:
-        from specdec.runtime.attention import query_positions
-
-        positions = query_positions(batch)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits={num_splits!r} must be an int >= 1 (or None: chosen from the grid size)")
+    positions = query_positions(batch) if sliding_window is not None else None
     out = paged_attention_triton(
         q,
         cache.k_rows(layer),
@@ -319,13 +358,13 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         batch.slots,
         batch.cache_len,
         batch.q_len,
+        batch.key_len,
         batch.tree_mask,
         positions,
         cache.block_size,
-        batch.max_kv_len,
         float(scale),
         int(sliding_window or 0),
-        int(num_splits),
+        num_splits,
         bool(autotune),
     )
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -1,20 +1,26 @@
 """Paged attention: the compiled path (Triton) == the dense reference, and the reference == plain attention.
 
 The reference (`impl="ref"`) is itself checked against independent statements of the rule:
-torch SDPA on the contiguous sequence (prefill, chunked prefill, decode, sliding window) and a
-per-node walk up the parent links (trees). The cache is filled with random values first, so
-a key that leaks through the mask changes the output.
+torch SDPA on the contiguous sequence (prefill, chunked prefill, decode, sliding window), a
+per-node walk up the parent links (trees), and a dense mask built by a plain Python loop
+straight from the rule in `runtime.attention`'s docstring (causal, tree, tree with key_len,
+sliding window). The cache is filled with random values first, so a key that leaks through
+the mask changes the output. Trees with `key_len` (queries apart from the new key rows, as a
+draft tree grown one depth per forward) are checked on all three paths, and the Triton
+kernel's result is checked not to depend on `max_kv_len` (one CUDA graph for all lengths).
 """
 
+import dataclasses
 import math
-
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
@@ -217,6 +223,240 @@ def test_decode_step_matches_sdpa_over_the_whole_history_and_skips_inactive_slot
         torch.testing.assert_close(ref[b], expected, atol=ATOL, rtol=1e-4)
 
 
+def pack_bits(bits: list[list[list[int]]], words: int) -> torch.Tensor:
+    """[B][T] lists of set bit indices -> packed [B, T, words] int32."""
+    mask = torch.zeros(len(bits), len(bits[0]), words, dtype=torch.int64)
+    for b, rows in enumerate(bits):
+        for t, row in enumerate(rows):
+            for k in row:
+                mask[b, t, k // 32] |= 1 << (k % 32)
+    return torch.where(mask >= 2**31, mask - 2**32, mask).to(torch.int32)
+
+
+@st.composite
+def key_len_cases(draw, head_dims=(4, 8, 16)):
+    """A draft tree grown one depth per forward: each row has `key_len` new key rows (a random
+    tree) and `q_len` query rows, each one a distinct node among the keys, seeing its
+    ancestors-or-self. Mask bits past key_len and in padding query rows are random (hidden).
+    Hypothesis draws the sizes; the rows' trees come from a seeded RNG (more varied per example)."""
+    batch, T = draw(st.integers(1, 3)), draw(st.sampled_from([4, 1, 2, 6]))
+    max_keys = draw(st.sampled_from([12, 1, 5, 33, 40]))  # > 32: the keys span two mask words
+    words = (max_keys + 31) // 32 + draw(st.integers(0, 1))  # W may exceed what the keys need
+    rng = random.Random(f"{draw(st.integers(0, 2**16))}-{batch}-{T}-{max_keys}-{words}")
+    rows = []
+    for _ in range(batch):
+        n = rng.choice([0, max_keys, rng.randint(1, max_keys), rng.randint(1, max_keys)])  # key_len
+        par = [-1] + [rng.randrange(i) for i in range(1, n)]
+        num_q = rng.choice([0, min(T, n), rng.randint(min(1, n), min(T, n)), rng.randint(min(1, n), min(T, n))])
+        queries = list(range(n - num_q, n))  # the frontier: the last nodes written ...
+        if rng.random() < 0.5:  # ... or any distinct nodes, in any order
+            queries = rng.sample(range(n), num_q)
+        bits = []
+        for t in range(T):
+            junk = [rng.randrange(n, 32 * words) for _ in range(rng.randint(0, 3) if n < 32 * words else 0)]
+            if t < num_q:
+                node, path = queries[t], [queries[t]]
+                while par[node] >= 0:
+                    node = par[node]
+                    path.append(node)
+                bits.append(path + junk)
+            else:  # padding query row: sees nothing whatever its bits
+                bits.append([rng.randrange(32 * words) for _ in range(rng.randint(0, 3))])
+        rows.append(dict(key_len=n, parents=par, queries=queries, bits=bits, committed=rng.randint(0, 50)))
+    return dict(
+        batch=batch, T=T, max_keys=max_keys, words=words, rows=rows,
+        block_size=draw(st.sampled_from([1, 2, 3, 4, 16])), kv_heads=draw(st.integers(1, 2)),
+        group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from(head_dims)),
+        splits=draw(st.sampled_from([1, 2, 3])), seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def build_key_len_step(case, max_kv_len=None):
+    """Cache with random contents, the key rows' K/V written at cache_len + k, and the batch."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    B, T, K, hkv, hd = case["batch"], case["T"], case["max_keys"], case["kv_heads"], case["head_dim"]
+    seq = max([50] + [r["committed"] for r in case["rows"]]) + K + 3
+    cache = random_cache([hkv], hd, case["block_size"], B, seq, gen)
+    slots = torch.randperm(B, generator=gen).to(DEVICE)  # row b reads slot slots[b]
+    cache_len = torch.tensor([r["committed"] for r in case["rows"]], device=DEVICE)
+    key_len = torch.tensor([r["key_len"] for r in case["rows"]], device=DEVICE)
+    q_len = torch.tensor([len(r["queries"]) for r in case["rows"]], device=DEVICE)
+    k_pos = cache_len[:, None] + torch.arange(K, device=DEVICE)[None, :]  # [B, K]
+    key_index = cache.write_index(slots, k_pos, torch.arange(K, device=DEVICE)[None, :] < key_len[:, None])
+    k, v = torch.randn(2, B, K, hkv, hd, generator=gen).to(DEVICE)
+    cache.write(0, k, v, key_index)
+    query_node = torch.tensor([r["queries"] + [-1] * (T - len(r["queries"])) for r in case["rows"]], device=DEVICE)
+    write_index = torch.where(query_node >= 0, torch.gather(key_index, 1, query_node.clamp(min=0)), -1)  # [B, T]
+    batch = AttentionBatch(slots=slots, cache_len=cache_len, q_len=q_len, write_index=write_index,
+                           tree_mask=pack_bits([r["bits"] for r in case["rows"]], case["words"]).to(DEVICE),
+                           max_kv_len=max_kv_len or cache.max_seq_len, key_len=key_len)
+    q = torch.randn(B, T, hkv * case["group"], hd, generator=gen).to(DEVICE)
+    return cache, batch, q
+
+
+@given(key_len_cases())
+def test_kernel_equals_reference_when_queries_see_key_rows_apart_from_themselves(case):
+    note(case)
+    cache, batch, q = build_key_len_step(case)
+    scale = case["head_dim"] ** -0.5
+    ref = attention(q, cache, 0, batch, scale=scale, impl="ref")
+    out = paged_attention(q, cache, 0, batch, scale=scale, num_splits=case["splits"], autotune=False)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
+
+
+@settings(max_examples=min(10, settings().max_examples))  # eager on CPU, one compile per shape on GPU
+@given(key_len_cases(head_dims=(16,)))
+def test_flex_path_equals_reference_when_queries_see_key_rows_apart_from_themselves(case):
+    note(case)
+    cache, batch, q = build_key_len_step(case)
+    scale = case["head_dim"] ** -0.5
+    ref = attention(q, cache, 0, batch, scale=scale, impl="ref")
+    out = attention(q, cache, 0, batch, scale=scale, impl="flex")
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
+
+
+@given(key_len_cases())
+def test_key_len_reference_equals_attention_over_the_committed_prefix_and_each_querys_ancestors(case):
+    note(case)
+    cache, batch, q = build_key_len_step(case)
+    scale = case["head_dim"] ** -0.5
+    ref = attention(q, cache, 0, batch, scale=scale, impl="ref")
+    positions = torch.arange(cache.max_seq_len, device=DEVICE)[None]
+    for b, r in enumerate(case["rows"]):
+        keys, vals = (x[0] for x in cache.gather(0, batch.slots[b : b + 1], positions))
+        for t, node in enumerate(r["queries"]):
+            visible = torch.zeros(1, cache.max_seq_len, dtype=torch.bool, device=DEVICE)
+            visible[0, : r["committed"]] = True
+            while node >= 0:
+                visible[0, r["committed"] + node] = True
+                node = r["parents"][node]
+            expected = sdpa_rows(q[b, t : t + 1], keys, vals, visible, scale)
+            torch.testing.assert_close(ref[b, t : t + 1], expected, atol=ATOL, rtol=1e-4)
+        assert (ref[b, len(r["queries"]) :] == 0).all()  # padding query rows
+
+
+@st.composite
+def rule_cases(draw, mode: str, windowed: bool):
+    """A batch of one kind (causal / tree / tree with key_len), random mask bits (not only
+    ancestor sets), with or without a sliding window; positions explicit or derived."""
+    B, T = draw(st.integers(1, 3)), draw(st.integers(1, 10))
+    n_new_max = draw(st.integers(1, 40)) if mode == "key_len" else T
+    words = (max(n_new_max, T) + 31) // 32 + draw(st.integers(0, 1))
+    rows = []
+    for _ in range(B):
+        q_len = draw(st.integers(0, T))
+        key_len = draw(st.integers(0, n_new_max)) if mode == "key_len" else q_len
+        bits = [draw(st.lists(st.integers(0, 32 * words - 1), max_size=8)) for _ in range(T)]
+        rows.append(dict(q_len=q_len, key_len=key_len, bits=bits, committed=draw(st.integers(0, 30))))
+    window = draw(st.integers(1, 20)) if windowed else None
+    return dict(mode=mode, batch=B, T=T, n_new_max=n_new_max, words=words, rows=rows, window=window,
+                explicit_positions=draw(st.booleans()), block_size=draw(st.sampled_from([1, 3, 4])),
+                kv_heads=draw(st.integers(1, 2)), group=draw(st.sampled_from([1, 2])),
+                seed=draw(st.integers(0, 2**16)))
+
+
+@pytest.mark.parametrize("mode, windowed", [("causal", False), ("causal", True), ("tree", False), ("tree", True),
+                                            ("key_len", False)])
+@given(data=st.data())
+def test_reference_equals_sdpa_with_a_mask_built_by_a_loop_from_the_written_rule(mode, windowed, data):
+    case = data.draw(rule_cases(mode, windowed))
+    note(case)
+    gen = torch.Generator().manual_seed(case["seed"])
+    B, T, hkv, hd = case["batch"], case["T"], case["kv_heads"], 8
+    S = 30 + case["n_new_max"] + 2
+    cache = random_cache([hkv], hd, case["block_size"], B, S, gen)
+    rows = case["rows"]
+    cache_len = torch.tensor([r["committed"] for r in rows], device=DEVICE)
+    tree = case["mode"] != "causal"
+    positions = None
+    if case["explicit_positions"]:
+        positions = torch.randint(0, 40, (B, T), generator=gen).to(DEVICE)
+    batch = AttentionBatch(
+        slots=torch.arange(B, device=DEVICE), cache_len=cache_len,
+        q_len=torch.tensor([r["q_len"] for r in rows], device=DEVICE),
+        write_index=torch.zeros(B, T, dtype=torch.int64, device=DEVICE),
+        tree_mask=pack_bits([r["bits"] for r in rows], case["words"]).to(DEVICE) if tree else None,
+        max_kv_len=S, positions=positions,
+        key_len=torch.tensor([r["key_len"] for r in rows], device=DEVICE) if case["mode"] == "key_len" else None,
+    )
+    q = torch.randn(B, T, hkv * case["group"], hd, generator=gen).to(DEVICE)
+    ref = attention(q, cache, 0, batch, scale=0.3, sliding_window=case["window"], impl="ref")
+
+    visible = torch.zeros(B, T, S, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        c = r["committed"]
+
+        def new_row_position(k):  # positions[b, k], else cache_len + depth (tree) or cache_len + k
+            if positions is not None:
+                return int(positions[b, k])
+            return c + len(set(r["bits"][k])) - 1 if tree else c + k
+
+        for t in range(r["q_len"]):  # rows t >= q_len see nothing
+            for j in range(S):
+                k = j - c
+                if j < c:
+                    ok, kpos = True, j
+                elif k < r["key_len"]:
+                    ok = k in r["bits"][t] if tree else k <= t
+                    kpos = new_row_position(k) if case["window"] is not None else None
+                else:
+                    ok = False
+                if ok and case["window"] is not None:
+                    ok = new_row_position(t) - kpos < case["window"]
+                visible[b, t, j] = ok
+    k, v = cache.gather(0, batch.slots, torch.arange(S, device=DEVICE)[None].expand(B, S))  # [B, S, Hkv, hd]
+    k, v = (x.double().repeat_interleave(case["group"], 2).transpose(1, 2) for x in (k, v))  # [B, H, S, hd]
+    mask = visible.to(DEVICE)[:, None]  # [B, 1, T, S]
+    expected = F.scaled_dot_product_attention(q.double().transpose(1, 2), k, v, attn_mask=mask, scale=0.3)
+    expected = torch.where(mask.any(-1, keepdim=True), expected, 0).transpose(1, 2).float()  # rows seeing nothing: 0
+    torch.testing.assert_close(ref, expected, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["tree_key_len", "causal_window"])
+def test_kernel_result_does_not_depend_on_max_kv_len_for_any_number_of_splits(kind):
+    """max_kv_len only bounds the work: exact bound vs the cache's max_seq_len give the same
+    output (bitwise for a given split count), rows of very different lengths in one batch."""
+    gen = torch.Generator().manual_seed(4)
+    if kind == "tree_key_len":
+        bits = [[[0, 1, 3], [0, 2], [0]], [[0]] * 3, [[0, 1, 4, 6], [0, 5], [7]]]
+        case = dict(batch=3, T=3, max_keys=8, words=1, block_size=4, kv_heads=2, group=2, head_dim=8, seed=4,
+                    rows=[dict(key_len=4, committed=201, bits=bits[0], queries=[3, 2, 0]),
+                          dict(key_len=0, committed=0, bits=bits[1], queries=[]),
+                          dict(key_len=8, committed=13, bits=bits[2], queries=[6, 5])])
+        cache, batch, q = build_key_len_step(case)
+        seq, window, exact = cache.max_seq_len, None, 201 + 4
+    else:
+        seq, window, exact = 260, 37, 230 + 5
+        cache = random_cache([2], 8, 4, 3, seq, gen)
+        slots, cache_len, q_len = (torch.tensor(x, device=DEVICE) for x in ([2, 0, 1], [230, 3, 0], [5, 4, 0]))
+        batch = prefill_batch(cache, slots, cache_len, q_len, 5)
+        q = torch.randn(3, 5, 4, 8, generator=gen).to(DEVICE)
+    assert batch.max_kv_len == seq > exact
+    ref = attention(q, cache, 0, batch, scale=0.3, sliding_window=window, impl="ref")
+    tight = dataclasses.replace(batch, max_kv_len=exact)
+    for splits in (1, 3, 8):
+        out, out_tight = (paged_attention(q, cache, 0, x, scale=0.3, sliding_window=window, num_splits=splits,
+                                          autotune=False) for x in (batch, tight))
+        assert torch.equal(out, out_tight), splits
+        torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
+
+
+def test_key_len_outside_tree_mode_or_with_a_sliding_window_is_refused():
+    cache = PagedKVCache(1, 1, 8, max_batch_size=1, max_seq_len=16, block_size=4)
+    cache.reserve(0, 16)
+    causal = prefill_batch(cache, torch.tensor([0]), torch.tensor([0]), torch.tensor([2]), 2)
+    causal.key_len = torch.tensor([2])
+    q = torch.zeros(1, 2, 1, 8)
+    for impl in ("ref", "triton", "flex"):
+        with pytest.raises(ValueError, match=r"key_len is set but batch.tree_mask is None"):
+            attention(q, cache, 0, causal, scale=1.0, impl=impl)
+    tree = dataclasses.replace(causal, tree_mask=torch.ones(1, 2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"sliding_window=4 with batch.key_len set"):
+        attention(q, cache, 0, tree, scale=1.0, sliding_window=4)
+    with pytest.raises(ValueError, match=r"sliding_window=4 with batch.key_len set"):
+        paged_attention(q, cache, 0, tree, scale=1.0, sliding_window=4)
+
+
 def test_bfloat16_kernel_is_close_to_the_float32_reference():
     gen = torch.Generator().manual_seed(1)
     cache = random_cache([2], 64, 16, 2, 200, gen, dtype=torch.bfloat16)
@@ -275,6 +515,36 @@ def test_kernel_compiles_without_graph_breaks_and_no_recompile_for_a_second_tree
         q = torch.randn(4, 4, 8, 64, generator=gen).to("cuda", torch.bfloat16)
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             out = step(q, batch)
+        torch.testing.assert_close(out.float(), attention(q.float(), cache, 0, batch, scale=0.125, impl="ref"),
+                                   atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_one_cuda_graph_replays_a_draft_tree_step_for_any_context_length_and_it_compiles_whole():
+    """Captured once (splits chosen for max_kv_len), replayed after the committed lengths and the
+    key counts change in place: each replay equals the reference of that step. A key_len batch
+    also compiles without graph breaks."""
+    gen = torch.Generator().manual_seed(6)
+    cache = random_cache([2], 64, 16, 4, 1024, gen, dtype=torch.bfloat16)
+    bits = [[[0, 1, 3], [0, 2], [0, 1]], [[0]] * 3, [[0, 1, 4, 6], [0, 5], [7]], [[0, 2, 5], [0, 2, 6], [0, 1, 4]]]
+    cache_len = torch.zeros(4, dtype=torch.int64, device="cuda")
+    key_len = torch.zeros(4, dtype=torch.int64, device="cuda")
+    q_len = torch.tensor([3, 0, 2, 3], device="cuda")
+    batch = AttentionBatch(slots=torch.arange(4, device="cuda"), cache_len=cache_len, q_len=q_len,
+                           write_index=torch.zeros(4, 3, dtype=torch.int64, device="cuda"),
+                           tree_mask=pack_bits(bits, 1).cuda(), max_kv_len=1024, key_len=key_len)
+    q = torch.randn(4, 3, 8, 64, generator=gen).to("cuda", torch.bfloat16)
+    out = attention(q, cache, 0, batch, scale=0.125, impl="triton")  # warm-up: compile and autotune
+    step = torch.compile(lambda q, b: attention(q, cache, 0, b, scale=0.125, impl="triton"), fullgraph=True)
+    torch.testing.assert_close(step(q, batch), out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention(q, cache, 0, batch, scale=0.125, impl="triton")
+    for lengths, keys in (([5, 0, 17, 900], [4, 0, 8, 7]), ([1000, 3, 0, 64], [4, 1, 8, 7]), ([0, 0, 0, 0], [4, 0, 8, 7])):
+        cache_len.copy_(torch.tensor(lengths))
+        key_len.copy_(torch.tensor(keys))
+        graph.replay()
         torch.testing.assert_close(out.float(), attention(q.float(), cache, 0, batch, scale=0.125, impl="ref"),
                                    atol=2e-2, rtol=2e-2)
 

@@ -1,27 +1,41 @@
 """Attention over the paged KV cache, for prefill, decode and tree verification.
 
-Owns `AttentionBatch` (the per-forward metadata every layer shares), the visibility rule,
-its dense reference (`impl="ref"`, the specification) and the dispatch to the compiled
-path (`impl="triton"`: `specdec.kernels.tree_attention`, which reads the paged cache
-directly; `impl="flex"`: FlexAttention on gathered K/V). It never writes the cache: the
-model writes the new rows' K/V (`cache.write`) before calling `attention`.
+Owns the visibility rule, its dense reference (`impl="ref"`, the specification) and the
+dispatch to the compiled paths (`impl="triton"`: `specdec.kernels.tree_attention`, which
+reads the paged cache directly; `impl="flex"`: FlexAttention on gathered K/V). The
+metadata, `AttentionBatch`, lives in `runtime.attention_batch` (re-exported here). It never
+writes the cache: the model writes the new rows' K/V (`cache.write`) before calling
+`attention`.
 
-Visibility. Query row t of batch row b sees the key at logical position j iff
-  j < cache_len[b]                                   (committed prefix), or
-  k = j - cache_len[b] in [0, q_len[b]) and (tree_mask is None ? k <= t : bit(t, k) set),
+Visibility. A forward has new key rows k in [0, n_new[b]) at logical positions
+cache_len[b] + k, where n_new = q_len (causal, and tree mode by default) or
+`batch.key_len` (tree mode only). Query row t of batch row b (t < q_len[b]) sees the key
+at logical position j iff
+  j < cache_len[b]                                        (committed prefix), or
+  k = j - cache_len[b] in [0, n_new[b]) and (tree_mask is None ? k <= t : bit k of row t set),
 and, with a sliding window W, also pos(query) - pos(key) < W, where pos are RoPE
 positions: a committed key at j has position j; new row k has position `positions[b, k]`
-(cache_len + depth for a tree node). Padding query rows (t >= q_len[b]) see nothing and
-output 0. Keys whose block is unallocated are never read. GQA: query head h reads KV head
-h // (H // Hkv).
+(cache_len + depth for a tree node; a window needs key_len None). The tree mask is
+[B, T, words] int32, 32 * words >= the largest n_new (words may exceed ceil(T / 32));
+bit k of row t is bit k % 32 of word k // 32; bits at k >= n_new[b] are ignored. Padding
+query rows (t >= q_len[b]) see nothing and output 0. Keys whose block is unallocated are
+never read. GQA: query head h reads KV head h // (H // Hkv).
+
+With key_len the queries need not be the new key rows: a draft tree grown one depth per
+forward passes the F frontier rows of depth d as queries and every frontier row written
+so far (cache_len + 0 .. cache_len + key_len - 1) as keys, seen along the ancestor bits.
+The caller writes each query's own K/V somewhere among those key rows and sets its bit.
+
+`batch.max_kv_len` bounds the keys scanned (the reference's dense key range, the number of
+key splits); it must be >= cache_len + n_new, and the result does not depend on it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .attention_batch import AttentionBatch, check_batch, new_key_len, query_positions
+from .flex_attention import flex_paged_attention
 from .kv_cache import PagedKVCache
 
 __all__ = ["AttentionBatch", "attention", "attention_ref", "visible_mask", "query_positions"]
@@ -29,69 +43,23 @@ __all__ = ["AttentionBatch", "attention", "attention_ref", "visible_mask", "quer
 IMPLS = ("auto", "ref", "triton", "flex")
 
 
-@dataclass
-class AttentionBatch:
-    """Metadata of one forward, shared by all layers.
-
-    slots:      [B] int64, request slot of each row (its block-table row)
-    cache_len:  [B] int64, committed tokens before this forward (all visible)
-    q_len:      [B] int64, valid query rows per row (rows t >= q_len are padding)
-    write_index:[B, T] int64, flat cache row of each query row's K/V, -1 = padding
-    tree_mask:  [B, T, ceil(T/32)] int32 packed ancestor-or-self bits, or None = causal
-    max_kv_len: python int, static key capacity to scan (>= cache_len + q_len, <= max_seq_len)
-    positions:  [B, T] int64 RoPE positions of the query rows, or None: then cache_len + t
-                (causal) or cache_len + depth, depth = popcount(mask row) - 1 (tree).
-                Only the sliding window reads it.
-    """
-
-    slots: torch.Tensor  # [B] int64
-    cache_len: torch.Tensor  # [B] int64
-    q_len: torch.Tensor  # [B] int64
-    write_index: torch.Tensor  # [B, T] int64
-    tree_mask: torch.Tensor | None  # [B, T, ceil(T/32)] int32
-    max_kv_len: int
-    positions: torch.Tensor | None = None  # [B, T] int64
-
-    @property
-    def num_rows(self) -> int:
-        return self.write_index.shape[1]
-
-
-def _popcount32(x: torch.Tensor) -> torch.Tensor:
-    """Set bits of each int32 word, as int64 (SWAR popcount on the low 32 bits)."""
-    x = x.to(torch.int64) & 0xFFFFFFFF
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
-
-
-def query_positions(batch: AttentionBatch) -> torch.Tensor:
-    """RoPE positions of the query rows: [B, T] int64 (see `AttentionBatch.positions`)."""
-    if batch.positions is not None:
-        return batch.positions
-    T = batch.num_rows
-    if batch.tree_mask is None:
-        offset = torch.arange(T, device=batch.cache_len.device)[None, :]
-    else:
-        offset = _popcount32(batch.tree_mask).sum(-1) - 1  # [B, T] depth
-    return batch.cache_len[:, None] + offset
-
-
 def visible_mask(batch: AttentionBatch, cache: PagedKVCache, sliding_window: int | None = None) -> torch.Tensor:
     """The visibility rule as a dense mask: [B, T, max_kv_len] bool (the specification)."""
+    check_batch(batch, sliding_window)
     T, S = batch.num_rows, batch.max_kv_len
     device = batch.cache_len.device
     j = torch.arange(S, device=device)[None, None, :]  # [1, 1, S]
     t = torch.arange(T, device=device)[None, :, None]  # [1, T, 1]
     cache_len = batch.cache_len[:, None, None]
     q_len = batch.q_len[:, None, None]
+    n_new = new_key_len(batch)[:, None, None]
     k = j - cache_len  # [B, 1, S] index of the new row at key position j
-    is_new = (k >= 0) & (k < q_len)
-    kk = k.clamp(0, T - 1)
+    is_new = (k >= 0) & (k < n_new)
     if batch.tree_mask is None:
-        related = kk <= t
+        related = k <= t
     else:
+        words_per_row = batch.tree_mask.shape[2]
+        kk = k.clamp(0, 32 * words_per_row - 1)  # the mask's key capacity, not T
         word_index = (kk // 32).expand(-1, T, -1)  # [B, T, S]
         words = torch.gather(batch.tree_mask, 2, word_index)
         related = ((words >> (kk % 32).to(torch.int32)) & 1).bool()
@@ -99,9 +67,9 @@ def visible_mask(batch: AttentionBatch, cache: PagedKVCache, sliding_window: int
     visible = visible & (t < q_len)
     allocated = cache.token_index(batch.slots, j[0].expand(batch.slots.shape[0], -1)) >= 0  # [B, S]
     visible = visible & allocated[:, None, :]
-    if sliding_window is not None:
+    if sliding_window is not None:  # here key_len is None: new row k is query row k
         qpos = query_positions(batch)  # [B, T]
-        new_pos = torch.gather(qpos, 1, kk[:, 0, :])  # [B, S] position of new row k
+        new_pos = torch.gather(qpos, 1, k[:, 0, :].clamp(0, T - 1))  # [B, S] position of new row k
         kpos = torch.where(j[:, 0, :] < batch.cache_len[:, None], j[:, 0, :], new_pos)
         visible = visible & (qpos[:, :, None] - kpos[:, None, :] < sliding_window)
     return visible
@@ -153,6 +121,7 @@ def _check(q: torch.Tensor, cache: PagedKVCache, layer: int, batch: AttentionBat
         raise ValueError(f"max_kv_len={batch.max_kv_len} is out of range; allowed: [1, {cache.max_seq_len}]")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window={sliding_window} must be >= 1 or None")
+    check_batch(batch, sliding_window)
 
 
 def _default_impl(q: torch.Tensor) -> str:
@@ -174,7 +143,7 @@ def attention(
     """Attention of new query rows over the committed prefix and the new rows in `cache`.
 
     Args:
-        q: [B, T, H, hd] queries with RoPE applied; the new rows' K/V are already written.
+        q: [B, T, H, hd] queries with RoPE applied; the new key rows' K/V are already written.
         cache: the paged cache; `layer` picks its layer.
         batch: metadata shared by all layers (see `AttentionBatch`).
         scale: softmax scale (usually hd ** -0.5).
@@ -191,10 +160,8 @@ def attention(
         impl = _default_impl(q)
     if impl == "ref":
         return attention_ref(q, cache, layer, batch, scale=scale, sliding_window=sliding_window)
-    if impl == "triton":
+    if impl == "triton":  # imported here: loading triton is slow and wants TRITON_INTERPRET set first
         from specdec.kernels.tree_attention import paged_attention
 
         return paged_attention(q, cache, layer, batch, scale=scale, sliding_window=sliding_window)
-    from .flex_attention import flex_paged_attention
-
     return flex_paged_attention(q, cache, layer, batch, scale=scale, sliding_window=sliding_window)

@@ -4,8 +4,9 @@ Owns a second compiled path, for comparison with the Triton kernel (`kernels/tre
 and as a fallback where Triton is missing. K/V of each row's logical positions [0, max_kv_len)
 are gathered from the paged cache (a copy, which the Triton kernel avoids), then
 `flex_attention` runs with a block mask built from the same rule as `attention_ref`
-(committed prefix, causal or packed tree bits, optional sliding window, unallocated keys
-hidden). Compiled with torch.compile on CUDA; eager on CPU (tests).
+(committed prefix, causal or packed tree bits over `key_len` new keys, optional sliding
+window, unallocated keys hidden). Compiled with torch.compile on CUDA; eager on CPU (tests).
+Imports only `attention_batch` and `kv_cache` (never `runtime.attention`, which imports it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 
 import torch
 
-from .attention import AttentionBatch, query_positions
+from .attention_batch import AttentionBatch, check_batch, new_key_len, query_positions
 from .kv_cache import PagedKVCache
 
 __all__ = ["flex_paged_attention", "make_mask_mod"]
@@ -22,21 +23,23 @@ __all__ = ["flex_paged_attention", "make_mask_mod"]
 
 def make_mask_mod(batch: AttentionBatch, allocated: torch.Tensor, sliding_window: int | None):
     """`mask_mod(b, h, q_idx, kv_idx)` of the visibility rule (allocated: [B, S] bool)."""
-    cache_len, q_len, tree = batch.cache_len, batch.q_len, batch.tree_mask
+    check_batch(batch, sliding_window)
+    cache_len, q_len, n_new, tree = batch.cache_len, batch.q_len, new_key_len(batch), batch.tree_mask
     T = batch.num_rows
+    key_cap = T if tree is None else 32 * tree.shape[2]  # new-key columns the mask can address
     positions = query_positions(batch) if sliding_window is not None else None
 
     def mask_mod(b, h, q_idx, kv_idx):
         k = kv_idx - cache_len[b]
-        kk = k.clamp(0, T - 1)
+        kk = k.clamp(0, key_cap - 1)
         if tree is None:
             related = kk <= q_idx
         else:
             related = ((tree[b, q_idx, kk // 32] >> (kk % 32).to(torch.int32)) & 1) == 1
-        visible = (kv_idx < cache_len[b]) | ((k >= 0) & (k < q_len[b]) & related)
+        visible = (kv_idx < cache_len[b]) | ((k >= 0) & (k < n_new[b]) & related)
         visible = visible & (q_idx < q_len[b]) & allocated[b, kv_idx]
-        if positions is not None:
-            kpos = torch.where(k < 0, kv_idx, positions[b, kk])
+        if positions is not None:  # key_len is None here: new row k is query row k
+            kpos = torch.where(k < 0, kv_idx, positions[b, k.clamp(0, T - 1)])
             visible = visible & (positions[b, q_idx] - kpos < sliding_window)
         return visible
 
@@ -62,6 +65,7 @@ def flex_paged_attention(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """`runtime.attention(..., impl="flex")`; arguments and result as `attention_ref`."""
+    check_batch(batch, sliding_window)
     B, T, H, hd = q.shape
     S = batch.max_kv_len
     flex, create_block_mask = _flex_fns(q.is_cuda)
