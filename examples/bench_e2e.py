@@ -1,0 +1,404 @@
+"""End-to-end benchmark: specdec against transformers on SmolLM2-135M-Instruct, same prompts, same tokens.
+
+Every setup generates exactly `--new-tokens` greedy tokens (default 128; specdec with
+`ignore_eos=True`, transformers with no EOS) for the first `--num-prompts` shipped held-out
+prompts (default 20), at batch 1 (latency: one prompt per call) and batch 8 (throughput: 8
+prompts per call), side by side in one run:
+
+- specdec: target-only (`drafter="none"`), eagle3 chain D=5, eagle3 dynamic tree D=6 K=8
+  N=48, mtp chain D=5, ngram chain D=8 (the shipped SmolLM2 heads). Each decoder is built
+  once (max_batch_size = the largest batch size; smaller batches run in its smaller
+  buckets), `warmup()`ed (its seconds are reported), then timed;
+- transformers `generate`: eager; static cache + `torch.compile` (the documented recipe,
+  warmed up before timing); prompt lookup (`prompt_lookup_num_tokens=10`, batch 1 only:
+  transformers' assisted generation refuses larger batches).
+
+tok/s = generated tokens / wall-clock seconds of the generate calls (CUDA-synced). tau =
+tokens per target forward after prefill. "identical" counts prompts whose tokens equal
+specdec target-only's at the same batch size (exact in float32; in bfloat16 tree-verify and
+decode forwards round differently, so a few prompts may diverge).
+
+    python examples/bench_e2e.py                                  # H200: bf16, batch 1 and 8
+    python examples/bench_e2e.py --dtype float32 --out e2e.jsonl  # identical outputs must be n/n
+    python examples/bench_e2e.py --setups target-only hf-compiled --batch-sizes 1
+    python examples/bench_e2e.py --quick                          # CPU smoke run, tiny random models
+
+Setups (`--setups`): target-only eagle3-chain eagle3-tree mtp-chain ngram-chain hf-eager
+hf-compiled hf-prompt-lookup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.resources
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, sync
+
+from specdec import SamplingParams, SpecConfig
+from specdec.models import load_target, smollm2_gguf_path
+from specdec.train.prompts import encode_prompt, frozen_heldout_prompts
+
+
+@dataclass(frozen=True)
+class SpecSetup:
+    name: str
+    config: SpecConfig
+    head: str | None  # "eagle3" / "mtp": which head folder; None: no model
+
+
+SPEC_SETUPS = {
+    "target-only": SpecSetup("specdec target-only", SpecConfig(drafter="none"), None),
+    "eagle3-chain": SpecSetup("specdec eagle3 chain D=5", SpecConfig(drafter="eagle3", max_draft_len=5), "eagle3"),
+    "eagle3-tree": SpecSetup(
+        "specdec eagle3 tree D=6 K=8 N=48",
+        SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
+        "eagle3",
+    ),
+    "mtp-chain": SpecSetup("specdec mtp chain D=5", SpecConfig(drafter="mtp", max_draft_len=5), "mtp"),
+    "ngram-chain": SpecSetup("specdec ngram chain D=8", SpecConfig(drafter="ngram", max_draft_len=8), None),
+}
+HF_SETUPS = ("hf-eager", "hf-compiled", "hf-prompt-lookup")
+# Run order: the two baselines every speedup is measured against come first, so a run cut at
+# its time limit has them; the table lists specdec rows, then transformers rows.
+RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "mtp-chain", "ngram-chain",
+             "hf-eager", "hf-prompt-lookup")
+TABLE_ORDER = tuple(SPEC_SETUPS) + HF_SETUPS
+PROMPT_LOOKUP_TOKENS = 10
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="CPU, tiny random Llama + random heads, 3 prompts, 16 tokens")
+    p.add_argument("--setups", nargs="+", choices=RUN_ORDER, default=list(RUN_ORDER))
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default: 1 8 (quick: 1 2)")
+    p.add_argument("--num-prompts", type=int, default=None, help="first n held-out prompts (default 20)")
+    p.add_argument("--new-tokens", type=int, default=None, help="greedy tokens per prompt (default 128; quick 16)")
+    p.add_argument("--hf-eager-prompts", type=int, default=5,
+                   help="transformers eager at batch 1 is timed on this many prompts (slow: ~20 ms/token)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bfloat16 (quick: float32)")
+    p.add_argument("--device", default=None, help="default: cuda when available (quick: cpu)")
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="SpecConfig.compile")
+    p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
+    p.add_argument("--hf-compile", choices=["auto", "on", "off"], default="auto",
+                   help="torch.compile in hf-compiled: auto = on except --quick on CPU")
+    p.add_argument("--out", default=None, help="also write every row as a JSON line to this file")
+    return p.parse_args()
+
+
+def knob(value: str):
+    return {"auto": "auto", "on": True, "off": False}[value]
+
+
+# ----------------------------------------------------------------------------- models and prompts
+def smollm2_assets() -> tuple[Path, dict[str, Path]]:
+    heads = importlib.resources.files("specdec") / "assets/heads"
+    return smollm2_gguf_path(), {"eagle3": Path(str(heads / "smollm2-eagle3")), "mtp": Path(str(heads / "smollm2-mtp"))}
+
+
+def tiny_assets(folder: Path) -> tuple[Path, dict[str, Path]]:
+    """A random Llama checkpoint (saved with transformers) and random EAGLE-3 / MTP heads for it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specdec.drafters.eagle3_checkpoint import save_eagle3
+    from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model
+    from specdec.drafters.eagle3_model import init_random_ as init_eagle3
+    from specdec.drafters.mtp_checkpoint import save_mtp
+    from specdec.drafters.mtp_model import MTPConfig, MTPModel
+    from specdec.drafters.mtp_model import init_random_ as init_mtp
+    from specdec.models import RopeConfig
+
+    V, d, L = 256, 64, 6
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(
+        "llama", vocab_size=V, hidden_size=d, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, initializer_range=0.08,
+    )
+    AutoModelForCausalLM.from_config(cfg).float().eval().save_pretrained(str(folder / "target"))
+    gen = torch.Generator().manual_seed(1)
+    shape = dict(hidden_size=d, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 vocab_size=V, rms_norm_eps=1e-5, rope=RopeConfig(theta=10000.0))
+    eagle3 = init_eagle3(Eagle3Model(Eagle3Config(**shape, draft_vocab_size=V // 2, target_hidden_size=d,
+                                                  capture_layers=(1, 3, 4))), gen, std=0.1)
+    mtp = init_mtp(MTPModel(MTPConfig(**shape)), gen, std=0.1)
+    return folder / "target", {"eagle3": save_eagle3(eagle3, folder / "eagle3"), "mtp": save_mtp(mtp, folder / "mtp")}
+
+
+def heldout_ids(target, n: int) -> list[list[int]]:
+    """The first n shipped held-out prompts (code and chat alternating), chat ones through the template."""
+    return [encode_prompt(p, target.tokenizer, target.info.vocab_size) for p in frozen_heldout_prompts(n)]
+
+
+def random_ids(vocab: int, n: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (12 + 8 * i,), generator=gen).tolist() for i in range(n)]
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+# ----------------------------------------------------------------------------- specdec
+def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device, max_seq_len) -> list[dict]:
+    """Build one decoder for `key`, warm it up, and time every batch size. Returns one row per batch size."""
+    setup = SPEC_SETUPS[key]
+    config = setup.config.replace(
+        max_batch_size=max(batch_sizes), max_seq_len=max_seq_len, compile=knob(args.compile),
+        cuda_graphs=knob(args.cuda_graphs),
+    )
+    draft = heads[setup.head] if setup.head else None
+    t0 = time.perf_counter()
+    dec = SpecDecoder.from_pretrained(target, draft, config, device=device, dtype=dtype)
+    log(f"[{setup.name}] built in {time.perf_counter() - t0:.1f} s; warming up (buckets {config.batch_buckets}, "
+        f"max_seq_len {max_seq_len}, compile={config.compile}, cuda_graphs={config.cuda_graphs})")
+    warm = dec.warmup()
+    captured = dec.engine.capture_count
+    log(f"[{setup.name}] warmup {warm.seconds:.1f} s, {captured} CUDA graphs captured")
+    sampling = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    rows = []
+    for B in batch_sizes:
+        outputs, steps, seconds = [], [], 0.0
+        graphs_before = _dynamo_graphs()
+        for chunk in chunks(prompts, B):
+            sync(device)
+            t0 = time.perf_counter()
+            results = dec.generate(chunk, sampling)
+            sync(device)
+            seconds += time.perf_counter() - t0
+            outputs += [r.token_ids for r in results]
+            steps += [r.stats.steps for r in results]
+            log(f"  [{setup.name} | batch {B}] {len(outputs)}/{len(prompts)} prompts, "
+                f"{sum(map(len, outputs)) / seconds:.1f} tok/s so far")
+        tokens = sum(map(len, outputs))
+        rows.append(dict(
+            key=key, name=setup.name, batch=B, prompts=len(prompts), new_tokens=tokens, seconds=seconds,
+            tok_s=tokens / seconds, tau=sum(len(o) - 1 for o in outputs) / max(sum(steps), 1),
+            warmup_s=warm.seconds, graphs_after_warmup=captured, graphs_after_run=dec.engine.capture_count,
+            dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="",
+        ))
+    del dec
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _dynamo_graphs() -> int:
+    """Graphs torch.compile has produced so far in this process (a growth while timing = a recompile)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+# ----------------------------------------------------------------------------- transformers
+class HFRunner:
+    """transformers' greedy `generate` of exactly `new_tokens` tokens (no EOS), left-padded batches."""
+
+    def __init__(self, path: Path, dtype, device, new_tokens: int, pad_id: int):
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bars in the log
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+        self.model.generation_config.eos_token_id = None  # never stop early: same token count as specdec
+        self.device, self.new_tokens, self.pad_id = device, new_tokens, pad_id
+
+    def generate(self, batch: list[list[int]], **kw) -> list[list[int]]:
+        T = max(map(len, batch))
+        ids = torch.full((len(batch), T), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(batch), T), dtype=torch.int64)
+        for b, p in enumerate(batch):  # left padding: every row's last prompt token at column T - 1
+            ids[b, T - len(p) :] = torch.tensor(p)
+            mask[b, T - len(p) :] = 1
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=self.new_tokens,
+                do_sample=False, eos_token_id=None, pad_token_id=self.pad_id, **kw,
+            )
+        new = out[:, T:].tolist()
+        short = [len(o) for o in new if len(o) != self.new_tokens]
+        if short:
+            raise RuntimeError(f"transformers generated {short} tokens, not {self.new_tokens}: it stopped early")
+        return new
+
+    def time(self, name, key, prompts, B, **kw) -> dict:
+        outputs, seconds = [], 0.0
+        graphs_before = _dynamo_graphs()
+        for chunk in chunks(prompts, B):
+            sync(self.device)
+            t0 = time.perf_counter()
+            outputs += self.generate(chunk, **kw)
+            sync(self.device)
+            seconds += time.perf_counter() - t0
+            log(f"  [{name} | batch {B}] {len(outputs)}/{len(prompts)} prompts, "
+                f"{sum(map(len, outputs)) / seconds:.1f} tok/s so far")
+        tokens = sum(map(len, outputs))
+        return dict(key=key, name=name, batch=B, prompts=len(prompts), new_tokens=tokens, seconds=seconds,
+                    tok_s=tokens / seconds, tau=None, warmup_s=None,
+                    dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="")
+
+
+def run_hf(key, runner: HFRunner, prompts, batch_sizes, args, compile_on: bool) -> tuple[list[dict], list[str]]:
+    """Rows of one transformers setup, and the notes its table needs."""
+    rows, notes = [], []
+    if key == "hf-eager":
+        for B in batch_sizes:
+            sub = prompts[: args.hf_eager_prompts] if B == 1 else prompts
+            name = "transformers eager" + (f" (first {len(sub)} prompts)" if len(sub) < len(prompts) else "")
+            rows.append(runner.time(name, key, sub, B))
+    elif key == "hf-prompt-lookup":
+        name = f"transformers prompt lookup ({PROMPT_LOOKUP_TOKENS})"
+        for B in batch_sizes:
+            if B != 1:
+                notes.append(f"{name}: batch 1 only (transformers' assisted generation refuses batch {B}).")
+                continue
+            rows.append(runner.time(name, key, prompts, B, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS))
+    else:  # hf-compiled: the documented recipe, per batch size warmed up before timing
+        model = runner.model
+        model.generation_config.cache_implementation = "static"
+        if compile_on:
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+            name = "transformers static cache + torch.compile"
+        else:
+            name = "transformers static cache (torch.compile skipped on CPU)"
+            notes.append(f"{name}: --quick on CPU skips the compile; the speedup column compares with this row.")
+        by_len = sorted(prompts, key=len)
+        for B in batch_sizes:
+            # Every batch size the timed calls will see (a last, smaller chunk too): the longest
+            # prompts first (they size the static cache), then the shortest (a second prompt length).
+            sizes = sorted({len(c) for c in chunks(prompts, B)}, reverse=True)
+            warm = [w for n in sizes for w in (by_len[-n:], by_len[:n])]
+            t0 = time.perf_counter()
+            for batch in warm:
+                runner.generate(batch)
+            sync(runner.device)
+            log(f"[{name}] batch {B}: warmup on {len(warm)} generate calls (longest and shortest prompts, "
+                f"batch {sizes}) {time.perf_counter() - t0:.1f} s")
+            row = runner.time(name, key, prompts, B)
+            row["warmup_s"] = time.perf_counter() - t0 - row["seconds"]
+            rows.append(row)
+        notes.append(
+            f"{name}: `generation_config.cache_implementation=\"static\"`"
+            + (", `model.forward = torch.compile(model.forward, mode=\"reduce-overhead\", fullgraph=True)`"
+               if compile_on else "")
+            + "; warmed up before timing, for each batch size a timed call sees, on two generate calls (the longest "
+            "prompts, then the shortest), so compilation and the dynamic-shape recompile stay out of the timing; "
+            "torch.compile graphs "
+            "made while timing: " + ", ".join(f"batch {r['batch']}: {r['dynamo_graphs_during_run']}" for r in rows)
+            + "."
+        )
+    return rows, notes
+
+
+# ----------------------------------------------------------------------------- report
+def fill_comparisons(rows: list[dict]) -> None:
+    """Speedups over specdec target-only and transformers compiled, and outputs identical to target-only."""
+    for r in rows:
+        base = next((x for x in rows if x["key"] == "target-only" and x["batch"] == r["batch"]), None)
+        hf = next((x for x in rows if x["key"] == "hf-compiled" and x["batch"] == r["batch"]), None)
+        r["speedup_vs_target_only"] = r["tok_s"] / base["tok_s"] if base else None
+        r["speedup_vs_hf_compiled"] = r["tok_s"] / hf["tok_s"] if hf else None
+        r["identical"] = None
+        if base is not None:  # r may cover the first few prompts only (transformers eager)
+            r["identical"] = sum(a == b for a, b in zip(r["outputs"], base["outputs"]))
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["setup", "batch", "tok/s", "tau", "vs specdec target-only", "vs transformers compiled",
+            "identical to target-only"]
+    order = sorted(rows, key=lambda r: (r["batch"], TABLE_ORDER.index(r["key"])))
+    cells = [[
+        r["name"], r["batch"], fmt(r["tok_s"], ".1f"), fmt(r["tau"]),
+        fmt(r["speedup_vs_target_only"], ".2f", suffix="x"), fmt(r["speedup_vs_hf_compiled"], ".2f", suffix="x"),
+        "-" if r["identical"] is None else f"{r['identical']}/{len(r['outputs'])} prompts",
+    ] for r in order]
+    return markdown_table(cols, cells)
+
+
+def main() -> None:
+    args = parse_args()
+    quick = args.quick
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not quick else "cpu"))
+    dtype = getattr(torch, args.dtype or ("float32" if quick else "bfloat16"))
+    batch_sizes = args.batch_sizes or ([1, 2] if quick else [1, 8])
+    n_prompts = args.num_prompts or (3 if quick else 20)
+    new_tokens = args.new_tokens or (16 if quick else 128)
+    if quick:
+        torch.set_num_threads(1)  # tiny matmuls: more threads only contend on a shared box
+    hf_compile = args.hf_compile == "on" or (args.hf_compile == "auto" and not (quick and device.type == "cpu"))
+    setups = [k for k in RUN_ORDER if k in args.setups]
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
+    target_path, heads = tiny_assets(Path(tmp.name)) if quick else smollm2_assets()
+    t0 = time.perf_counter()
+    target = load_target(target_path, device=device, dtype=dtype)
+    prompts = random_ids(target.info.vocab_size, n_prompts) if quick else heldout_ids(target, n_prompts)
+    lengths = sorted(map(len, prompts))
+    what = "tiny random Llama + random heads" if quick else "SmolLM2-135M-Instruct + shipped heads"
+    log(f"target: {what}, {target.info.num_layers} layers, loaded in {time.perf_counter() - t0:.1f} s; "
+        f"{len(prompts)} prompts of {lengths[0]}..{lengths[-1]} tokens, {new_tokens} new tokens each")
+    head_line = header(device, dtype, " / ".join(map(str, batch_sizes)), prompts=len(prompts), new_tokens=new_tokens)
+    log(head_line)
+    out = JsonLines(args.out, dict(header=head_line, quick=quick, batch_sizes=batch_sizes, new_tokens=new_tokens))
+
+    widest = max(SPEC_SETUPS[k].config.num_tree_slots for k in setups if k in SPEC_SETUPS) if any(
+        k in SPEC_SETUPS for k in setups) else 1
+    max_seq_len = -(-(lengths[-1] + new_tokens + widest + 1) // 128) * 128
+    pad_id = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+    pad_id = pad_id if pad_id is not None else 0
+    rows, notes, runner = [], [], None
+    for key in setups:
+        if key in SPEC_SETUPS:
+            new = run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device, max_seq_len)
+        else:
+            if runner is None:
+                runner = HFRunner(target.path, dtype, device, new_tokens, pad_id)
+            new, extra = run_hf(key, runner, prompts, batch_sizes, args, hf_compile)
+            notes += extra
+            if key == "hf-compiled":  # later transformers setups get a fresh, uncompiled model
+                runner = None
+        for r in new:
+            rows.append(r)
+            fill_comparisons(rows)
+            out.write({k: v for k, v in r.items() if k != "outputs"} | {"kind": "row"})
+            log(f"ROW {r['name']} | batch {r['batch']} | {r['tok_s']:.1f} tok/s | tau {fmt(r['tau'])} | vs target-only "
+                f"{fmt(r['speedup_vs_target_only'])} | vs hf compiled {fmt(r['speedup_vs_hf_compiled'])}")
+
+    spec_rows = [r for r in rows if r["key"] in SPEC_SETUPS]
+    if spec_rows:
+        grew = [f"{r['name']} (batch {r['batch']}): {r['graphs_after_warmup']} -> {r['graphs_after_run']}"
+                for r in spec_rows if r["graphs_after_run"] != r["graphs_after_warmup"]]
+        recompiled = [f"{r['name']} (batch {r['batch']}): {r['dynamo_graphs_during_run']}"
+                      for r in spec_rows if r["dynamo_graphs_during_run"]]
+        warm = {r["name"]: r["warmup_s"] for r in spec_rows}
+        notes.insert(0, "specdec `warmup()` seconds: " + ", ".join(f"{n} {s:.1f}" for n, s in warm.items()) + ".")
+        notes.insert(1, "CUDA graphs captured after warmup: " + ("none" if not grew else "; ".join(grew))
+                     + "; torch.compile graphs made while timing: " + ("; ".join(recompiled) or "none") + ".")
+    notes.append(
+        "identical: prompts whose new tokens equal specdec target-only's at the same batch size"
+        + (" (float32: every specdec row must be n/n)." if dtype == torch.float32 else
+           ". In bfloat16 tree-verify and decode forwards round differently (different kernels and reduction "
+           "orders), so greedy argmax ties can break differently and a few prompts may diverge; run --dtype float32 "
+           "for the exact check.")
+    )
+    if quick:
+        notes.append("--quick: tiny random models on CPU, random prompt ids; the figures only show the script runs.")
+    print()
+    log(head_line)
+    print()
+    log(table(rows))
+    print()
+    for n in notes:
+        log(f"- {n}")
+    out.write({"kind": "notes", "notes": notes})
+    out.close()
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
