@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from specdec.config import SpecConfig
+from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.eagle3_drafter import Eagle3Drafter
 from specdec.drafters.eagle3_model import Eagle3ShapeError
 from specdec.strategies import DraftInput
@@ -250,8 +250,7 @@ def test_sampled_drafts_follow_the_tempered_draft_distribution_and_greedy_rows_a
     s = Slots(d, cfg, [world, world])
     s.prefill(0, 8)
     s.prefill(1, 8)
-    sampling = SamplingTensors.from_params([])
-    sampling.temperature = torch.tensor([0.5, 0.0])
+    sampling = SamplingTensors.from_params([SamplingParams(temperature=0.5), SamplingParams()])
     t = d.propose(s.inputs(sampling))
     logits = d.root_logits[0]
     q_half = torch.softmax(logits / 0.5, -1)

@@ -23,6 +23,9 @@ EOS = 10
 class BigramRunner:
     """Target whose logits at a node are `table[token]`; it keeps no KV, only checks reservations."""
 
+    hidden_width = 0  # the drafters here read no target state
+    dtype = torch.float32
+
     def __init__(self, table, batch_size, eos=(EOS,)):
         self.table = table  # [V, V]
         self.info = TargetInfo(num_layers=8, hidden_size=4, vocab_size=V, eos_token_ids=eos)
@@ -30,13 +33,19 @@ class BigramRunner:
         self.reserved = {}
         self.calls = []
 
-    def reserve(self, slot, n):
-        self.reserved[slot] = n
+    def reserve(self, slot, n, flush=True):
+        self.reserved[slot] = max(n, self.reserved.get(slot, 0))
+
+    def capacity(self, slot):
+        return self.reserved.get(slot, 0)
+
+    def flush(self):
+        pass
 
     def free(self, slot):
         self.reserved.pop(slot, None)
 
-    def prefill(self, slot, prompt):
+    def prefill(self, slot, prompt, start=0):
         return self.table[prompt[-1]], None
 
     def verify(self, tokens, tree, committed_len, num_nodes, kv_len):
@@ -232,7 +241,7 @@ def test_slots_are_reused_after_requests_finish():
     [
         ([], SamplingParams(), r"prompt is empty"),
         ([3, 99], SamplingParams(), r"prompt token ids \[99\] are out of range; allowed: \[0, 11\)"),
-        ([1] * 60, SamplingParams(max_new_tokens=10), r"prompt of 60 tokens \+ max_new_tokens=10 \+ 3 tree slots = 73 exceeds max_seq_len=64"),
+        ([1] * 60, SamplingParams(max_new_tokens=10), r"prompt of 60 tokens \+ max_new_tokens=10 \+ 3 positions drafted ahead = 73 exceeds max_seq_len=64"),
     ],
 )
 def test_bad_requests_are_refused_with_a_clear_error(prompt, params, message):

@@ -210,7 +210,7 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(targets, head_path, tmp_pa
     small = SamplingParams(max_new_tokens=8)
     with pytest.raises(ConfigError, match=r"prompt is empty"):
         dec.generate([[1, 2], []], small)
-    with pytest.raises(ConfigError, match=r"prompt of 50 tokens \+ max_new_tokens=8 \+ 4 tree slots = 62 exceeds max_seq_len=48"):
+    with pytest.raises(ConfigError, match=r"prompt of 50 tokens \+ max_new_tokens=8 \+ 4 positions drafted ahead = 62 exceeds max_seq_len=48"):
         dec.generate([[1] * 50], SamplingParams(max_new_tokens=8))
     with pytest.raises(ConfigError, match=r"temperature=0.8 needs a sampling verifier"):
         dec.generate([[1, 2]], SamplingParams(temperature=0.8, max_new_tokens=8))

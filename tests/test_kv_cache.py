@@ -103,7 +103,7 @@ def test_random_reserve_free_sequences_never_share_or_lose_a_block(ops):
         assert cache.capacity(slot) >= n or cache.num_free_blocks < -(-n // 3) - cache.capacity(slot) // 3
     owned = cache.block_tables[cache.block_tables >= 0].tolist()
     assert len(owned) == len(set(owned))
-    assert sorted(owned + cache._free_blocks) == list(range(12))
+    assert sorted(owned + cache.allocator._free_blocks) == list(range(12))
     for slot in range(4):  # each row is a prefix of allocated blocks followed by -1
         row = cache.block_tables[slot]
         n = int((row >= 0).sum())

@@ -84,7 +84,7 @@ def test_with_drafter_mtp_no_capture_buffer_exists_and_no_capture_hook_returns_l
     drafter.prefill = lambda slot, nt, hidden: (seen.append(tuple(hidden.shape)), prefill(slot, nt, hidden))
     dec.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert seen == [(3, target.info.hidden_size)]  # the last hidden state, one row per prompt token
-    assert dec.engine.hidden_path.shape[-1] == target.info.hidden_size
+    assert dec.engine.state.hidden_path.shape[-1] == target.info.hidden_size
 
 
 # ----------------------------------------------------------------------------- sampling

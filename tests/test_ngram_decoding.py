@@ -70,4 +70,4 @@ def test_ngram_refuses_a_checkpoint_and_capture_layers(random_target):
         SpecDecoder.from_pretrained(target, None, spec(layers_to_capture=(1,)))
     dec = SpecDecoder.from_pretrained(target, None, spec())
     assert dec.engine.runner.capture is None and not dec.engine.runner.keep_last_hidden
-    assert dec.engine.hidden_path is None
+    assert dec.engine.state.hidden_path is None

@@ -1,10 +1,11 @@
 """specdec: speculative decoding for LLMs on PyTorch.
 
-Public API: configs (`SpecConfig`, `SamplingParams`), the plugin system
-(`get_plugin_manager`, `hookimpl`), and the records strategies exchange.
+Public API: the decoder (`SpecDecoder`), configs (`SpecConfig`, `SamplingParams`), the
+plugin system (`get_plugin_manager`, `hookimpl`), and the records strategies exchange.
 """
 
 from .config import ConfigError, SamplingParams, SpecConfig, resolve_capture_layers
+from .decoder import GenerationResult, GenerationStats, SpecDecoder
 from .hookspecs import hookimpl
 from .models import load_target
 from .registry import get_plugin_manager, resolve
@@ -16,6 +17,9 @@ __all__ = [
     "Acceptance",
     "ConfigError",
     "DraftTree",
+    "GenerationResult",
+    "GenerationStats",
+    "SpecDecoder",
     "SamplingParams",
     "SamplingTensors",
     "SpecConfig",

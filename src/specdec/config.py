@@ -50,6 +50,11 @@ class SpecConfig:
     kv_block_size: int = 16  # tokens per paged-KV block
     num_kv_blocks: int | None = None  # None = enough for every slot at max_seq_len
     plugin_options: dict = field(default_factory=dict)  # free-form, keyed by plugin name
+    compile: bool | str = "auto"  # torch.compile the model pieces: "auto" = on for CUDA, off on CPU
+    cuda_graphs: bool | str = "auto"  # capture the step per batch bucket: "auto" = on for CUDA
+    graph_batch_sizes: tuple[int, ...] | None = None  # batch buckets; None = 1, 2, 4, ... up to max_batch_size
+    prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
+    kv_lookahead_steps: int = 4  # KV blocks are reserved this many steps ahead of need
 
     def __post_init__(self) -> None:
         for name in ("drafter", "tree", "verifier"):
@@ -64,6 +69,27 @@ class SpecConfig:
         _check_int("kv_block_size", self.kv_block_size, 1, 4096)
         if self.num_kv_blocks is not None:
             _check_int("num_kv_blocks", self.num_kv_blocks, 1)
+        for name in ("compile", "cuda_graphs"):
+            value = getattr(self, name)
+            if value not in ("auto", True, False) or isinstance(value, int) and not isinstance(value, bool):
+                raise ConfigError(f"{name}={value!r} is not allowed; allowed: 'auto', True, False")
+        _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
+        _check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
+        if self.graph_batch_sizes is not None:
+            sizes = tuple(self.graph_batch_sizes) if isinstance(self.graph_batch_sizes, (tuple, list)) else None
+            if not sizes:
+                raise ConfigError(
+                    f"graph_batch_sizes={self.graph_batch_sizes!r} must be a non-empty tuple of ints or None"
+                )
+            for b in sizes:
+                _check_int("graph_batch_sizes entries", b, 1, self.max_batch_size)
+            sizes = tuple(sorted(set(sizes)))
+            if sizes[-1] != self.max_batch_size:
+                raise ConfigError(
+                    f"graph_batch_sizes={sizes} must include max_batch_size={self.max_batch_size} "
+                    "(the bucket that holds every slot)"
+                )
+            object.__setattr__(self, "graph_batch_sizes", sizes)
 
         if self.tree == "dynamic":
             if self.topk is None:
@@ -99,6 +125,17 @@ class SpecConfig:
     def num_tree_slots(self) -> int:
         """N: tree node slots per request, root included."""
         return self.max_total_draft_tokens + 1
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """Batch sizes a step runs at (and CUDA graphs are captured for), ascending."""
+        if self.graph_batch_sizes is not None:
+            return self.graph_batch_sizes
+        sizes, b = [], 1
+        while b < self.max_batch_size:
+            sizes.append(b)
+            b *= 2
+        return tuple(sizes) + (self.max_batch_size,)
 
     @property
     def blocks_per_seq(self) -> int:

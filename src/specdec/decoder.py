@@ -21,6 +21,15 @@ from .registry import resolve
 
 __all__ = ["SpecDecoder", "GenerationResult", "GenerationStats"]
 
+
+def _knob(name: str, value, device: torch.device) -> bool:
+    """'auto' -> on for CUDA, off elsewhere; True for CUDA graphs needs CUDA."""
+    if value == "auto":
+        return device.type == "cuda"
+    if name == "cuda_graphs" and value and device.type != "cuda":
+        raise ConfigError(f"cuda_graphs=True needs a CUDA target; the target is on {device} (use 'auto' or False)")
+    return bool(value)
+
 WEAK_DRAFTER_MIN_STEPS = 32  # judge a drafter only after this many steps in one generate()
 WEAK_DRAFTER_MAX_ACCEPTED = 0.05  # warn below this many accepted draft tokens per step
 
@@ -55,6 +64,7 @@ class SpecDecoder:
     """
 
     def __init__(self, target, config: SpecConfig, *, pm: pluggy.PluginManager | None = None, seed: int = 0):
+        from .models.fused import use_compiled
         from .runtime.runner import ModelRunner
 
         self.target = target
@@ -62,18 +72,36 @@ class SpecDecoder:
         info = dataclasses.replace(target.info, model=target.model)
         self.strategies = resolve(config, info, pm)
         device = next(target.model.parameters()).device
-        drafter = self.strategies.drafter
+        caps = self.strategies.drafter_caps
+        self.compiled = _knob("compile", config.compile, device)
+        self.cuda_graphs = _knob("cuda_graphs", config.cuda_graphs, device)
         runner = ModelRunner(
             target,
             config,
             self.strategies.capture_layers,
-            drafter.num_tree_slots,
-            keep_last_hidden=bool(getattr(drafter, "needs_last_hidden", False)),
+            self.strategies.drafter.num_tree_slots,
+            keep_last_hidden=caps.reads == "last_hidden",
         )
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed)
-        self.engine = SpecEngine(config, runner, self.strategies, device=device, generator=gen)
+        if caps.attach is not None:
+            caps.attach(runner.cache)  # the draft KV goes on the target's block allocator
+        use_compiled(target.model, self.compiled)
+        for module in caps.modules:
+            use_compiled(module, self.compiled)
+        gen = torch.Generator().manual_seed(seed)
+        self.engine = SpecEngine(
+            config, runner, self.strategies, device=device, generator=gen, cuda_graphs=self.cuda_graphs
+        )
         self._warned_weak_drafter = False
+
+    def warmup(self, *, progress: bool = True):
+        """Compile (when `compile` is on) and capture one CUDA graph per batch bucket (when
+        `cuda_graphs` is on) before the first request; returns a `WarmupReport` (seconds,
+        buckets, graphs). `generate` calls it lazily when either knob is on."""
+        return self.engine.warmup(progress=progress)
+
+    def add_observer(self, observer) -> None:
+        """Run `observer.on_step(engine, accept_length)` on the host after every step's hand-off."""
+        self.engine.observers.append(observer)
 
     @classmethod
     def from_pretrained(
@@ -135,11 +163,13 @@ class SpecDecoder:
         engine = self.engine
         for i, ids in enumerate(encoded):  # validate everything before touching the engine
             engine.check_request(ids, params[i])
+        if not engine.warmed and (self.compiled or self.cuda_graphs):
+            self.warmup(progress=False)
         start = time.perf_counter()
         requests = [engine.add_request(ids, p) for ids, p in zip(encoded, params)]
         engine.run_until_done()
         seconds = time.perf_counter() - start
-        lossless = bool(getattr(self.strategies.verifier, "lossless", False))
+        lossless = self.strategies.verifier_caps.lossless
         results = []
         for ids, req in zip(encoded, requests):
             steps = len(req.accepted_per_step)

@@ -19,7 +19,7 @@ from .config import ConfigError, SpecConfig, resolve_capture_layers
 from .plugins import BUILTIN_PLUGINS
 from .strategies import Drafter, KVRelocator, TargetInfo, TreeBuilder, Verifier
 
-__all__ = ["get_plugin_manager", "resolve", "Strategies", "strategy_names", "UnknownStrategyError"]
+__all__ = ["get_plugin_manager", "resolve", "Strategies", "DrafterCaps", "VerifierCaps", "strategy_names", "UnknownStrategyError"]
 
 ENTRY_POINT_GROUP = "specdec"
 
@@ -63,14 +63,77 @@ def _check_name(kind: str, name: str, names: dict[str, list[str]]) -> None:
 
 
 @dataclass(frozen=True)
+class DrafterCaps:
+    """A drafter's capabilities, read once at resolve time (the engine never probes the object).
+
+    reads:        "captured" (target layer outputs), "last_hidden" (the target's final-normed
+                  state) or "nothing".
+    runs_on_host: drafts between steps from the token hand-off (`propose_host`), outside
+                  the captured step.
+    samples_drafts: the drafts are sampled and come with `draft_probs`.
+    kv_lookahead: positions past committed_len the drafter writes in its own KV.
+    modules:      the drafter's torch modules (compiled with the target's when compile is on).
+    attach:       `attach(cache)` puts the drafter's KV on the target cache's allocator, or None.
+    """
+
+    reads: str
+    runs_on_host: bool
+    samples_drafts: bool
+    kv_lookahead: int
+    modules: tuple = ()
+    attach: object = None
+
+
+@dataclass(frozen=True)
+class VerifierCaps:
+    """A verifier's capabilities, read once at resolve time."""
+
+    lossless: bool
+    needs_draft_probs: bool
+    greedy_only: bool
+
+
+def _drafter_caps(drafter) -> DrafterCaps:
+    last_hidden = bool(getattr(drafter, "needs_last_hidden", False))
+    captured = bool(getattr(drafter, "needs_hidden_states", False))
+    if last_hidden and captured:
+        raise ConfigError("a drafter reads either captured layers or the last hidden state, not both")
+    model = getattr(drafter, "model", None)
+    return DrafterCaps(
+        reads="captured" if captured else "last_hidden" if last_hidden else "nothing",
+        runs_on_host=bool(getattr(drafter, "runs_on_host", False)),
+        samples_drafts=bool(getattr(drafter, "samples_drafts", False)),
+        kv_lookahead=int(getattr(drafter, "kv_lookahead", 0)),
+        modules=(model,) if hasattr(model, "modules") else (),
+        attach=getattr(drafter, "attach", None),
+    )
+
+
+def _verifier_caps(verifier) -> VerifierCaps:
+    return VerifierCaps(
+        lossless=bool(getattr(verifier, "lossless", False)),
+        needs_draft_probs=bool(getattr(verifier, "needs_draft_probs", False)),
+        greedy_only=bool(getattr(verifier, "greedy_only", False)),
+    )
+
+
+@dataclass(frozen=True)
 class Strategies:
-    """What the engine runs: one resolved strategy per hook."""
+    """What the engine runs: one resolved strategy per hook, and their capabilities."""
 
     capture_layers: tuple[int, ...]  # target layer outputs to capture; () = no capture buffer
     drafter: Drafter
     build_tree: TreeBuilder
     verifier: Verifier
     relocate_kv: KVRelocator
+    drafter_caps: DrafterCaps | None = None  # filled by `resolve`
+    verifier_caps: VerifierCaps | None = None
+
+    def __post_init__(self) -> None:
+        if self.drafter_caps is None:
+            object.__setattr__(self, "drafter_caps", _drafter_caps(self.drafter))
+        if self.verifier_caps is None:
+            object.__setattr__(self, "verifier_caps", _verifier_caps(self.verifier))
 
 
 def resolve(config: SpecConfig, target: TargetInfo, pm: pluggy.PluginManager | None = None) -> Strategies:
@@ -94,10 +157,10 @@ def resolve(config: SpecConfig, target: TargetInfo, pm: pluggy.PluginManager | N
     for what, strategy in found.items():
         if strategy is None:
             raise ConfigError(f"no plugin provides {what} for config {config.drafter=}, {config.tree=}, {config.verifier=}")
-    verifier = found["verifier"]
-    if getattr(verifier, "needs_draft_probs", False) and not getattr(found["drafter"], "samples_drafts", False):
+    strategies = Strategies(capture_layers=capture, **found)
+    if strategies.verifier_caps.needs_draft_probs and not strategies.drafter_caps.samples_drafts:
         raise ConfigError(
             f"verifier={config.verifier!r} needs draft probabilities, but drafter={config.drafter!r} "
             "does not sample its drafts; use verifier='target-only' or 'greedy'"
         )
-    return Strategies(capture_layers=capture, **found)
+    return strategies

@@ -47,7 +47,13 @@ class DraftInput:
                    position committed_len - a - 1 + j); rows past a are undefined.
     Right after `prefill`, a slot has accept_length = -1 (nothing new to ingest).
     active:        [B] bool, slots holding a live request
-    sampling:      per-slot sampling parameters (drafters that sample may temper with them)
+    sampling:      per-slot sampling parameters (drafters that sample may temper with them;
+                   `sampling.seed` keys their counter-based draws)
+    max_kv_len:    python int, a static bound on the logical positions any slot's attention
+                   reads this step (committed_len + the drafter's `kv_lookahead`); None = max_seq_len
+
+    B is the step's batch bucket: the first B request slots (B <= max_batch_size). A drafter
+    slices its own per-slot state to the first B rows.
     """
 
     root_tokens: torch.Tensor  # [B] int64
@@ -57,6 +63,7 @@ class DraftInput:
     hidden: torch.Tensor | None  # [B, N, d * n_capture]
     active: torch.Tensor  # [B] bool
     sampling: SamplingTensors | None = None
+    max_kv_len: int | None = None
 
 
 @runtime_checkable
@@ -70,20 +77,32 @@ class Drafter(Protocol):
     needs_last_hidden:   (optional, default False) the drafter reads the target's last hidden
                          state (after the final norm) instead of captured layers, as MTP heads
                          do; `DraftInput.hidden` / `prefill(hidden=)` then carry it, [.., d].
+    runs_on_host:        (optional, default False) the drafter cannot live inside the captured
+                         step (n-gram: a host suffix index): it drafts between steps from the
+                         token hand-off with `propose_host(accepted)` and the step starts at
+                         tree building.
+    kv_lookahead:        (optional, default 0) logical positions past `committed_len` that the
+                         drafter writes in its own KV during `propose` (a head's draft rows);
+                         the engine reserves max(N, kv_lookahead) positions ahead.
+    attach(cache):       (optional) called once with the target's `PagedKVCache` before any
+                         request: a drafter with its own KV puts it on that cache's allocator
+                         (`cache.layer_group(...)`), so one reservation backs both.
     """
 
     needs_hidden_states: bool
     samples_drafts: bool
     num_tree_slots: int
 
-    def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """After the target's prefill of `slot`: ingest the prompt.
+    def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None, start: int = 0) -> None:
+        """After the target's prefill of a prompt chunk of `slot`: ingest it.
 
-        next_tokens: [L] int64, the prompt shifted by one plus the first generated token
-                     (t_1 .. t_{L-1}, g), so row p pairs the target state at position p
-                     with the token at position p + 1.
-        hidden:      [L, d * n_capture] captured target states at positions 0..L-1, or None
-                     when `needs_hidden_states` is False.
+        next_tokens: [L] int64, the chunk's tokens shifted by one (the last chunk ends with the
+                     first generated token), so row p pairs the target state at position
+                     start + p with the token at position start + p + 1.
+        hidden:      [L, d * n_capture] captured target states at positions start..start+L-1,
+                     or None when the drafter reads no target state.
+        start:       position of the chunk's first row (0 for the first chunk); chunks of one
+                     prompt arrive in order, the last one after the first token is sampled.
         """
 
     def propose(self, inputs: DraftInput) -> DraftTree:

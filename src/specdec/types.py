@@ -97,20 +97,31 @@ class SamplingTensors:
     """Per-request sampling parameters as tensors, one row per request slot.
 
     temperature: [B] float32 (0 = greedy), top_k: [B] int64 (0 = off),
-    top_p: [B] float32 (1 = off), min_p: [B] float32 (0 = off).
+    top_p: [B] float32 (1 = off), min_p: [B] float32 (0 = off),
+    seed: [B] int64 >= 0, the key of the request's counter-based draws
+    (`specdec.ops.random`; None outside the engine).
     """
 
     temperature: torch.Tensor  # [B] float32
     top_k: torch.Tensor  # [B] int64
     top_p: torch.Tensor  # [B] float32
     min_p: torch.Tensor  # [B] float32
+    seed: torch.Tensor | None = None  # [B] int64
 
     @staticmethod
     def from_params(params, device: torch.device | str = "cpu") -> "SamplingTensors":
-        """Stack a sequence of `SamplingParams` (one per row)."""
+        """Stack a sequence of `SamplingParams` (one per row); a None seed becomes 0."""
         return SamplingTensors(
             temperature=torch.tensor([float(p.temperature) for p in params], dtype=torch.float32, device=device),
             top_k=torch.tensor([int(p.top_k) for p in params], dtype=torch.int64, device=device),
             top_p=torch.tensor([float(p.top_p) for p in params], dtype=torch.float32, device=device),
             min_p=torch.tensor([float(p.min_p) for p in params], dtype=torch.float32, device=device),
+            seed=torch.tensor([int(p.seed or 0) for p in params], dtype=torch.int64, device=device),
+        )
+
+    def rows(self, n: int) -> "SamplingTensors":
+        """Views of the first `n` rows (a batch bucket)."""
+        return SamplingTensors(
+            self.temperature[:n], self.top_k[:n], self.top_p[:n], self.min_p[:n],
+            None if self.seed is None else self.seed[:n],
         )

@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from specdec.models import fused
 from specdec.models.llama import RMSNorm
-from specdec.models.rope import apply_rotary
 
 __all__ = ["DraftAttention", "SwiGLU"]
 
@@ -22,6 +21,8 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 class DraftAttention(nn.Module):
     """q/k/v from `in_features` wide rows, optional per-head q/k RMSNorm (Qwen3), RoPE, then
     `attend`; o_proj back to `hidden_size`."""
+
+    fused = fused.EAGER
 
     def __init__(self, in_features: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
                  qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False, eps: float = 1e-6):
@@ -42,13 +43,15 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.fused.rotary_qk(q, k, cos, sin)
         o = attend(q, k, v)  # [B, T, H, hd]
         return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))
 
 
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x))."""
+
+    fused = fused.EAGER
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -57,4 +60,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.fused.silu_mul2(self.gate_proj(x), self.up_proj(x)))

@@ -1,11 +1,13 @@
-"""`HeadDrafter`: the draft loop of drafters that run one learned draft layer over their own
-paged draft KV (EAGLE-3's head, an MTP module). The subclasses only say how their model is
-called, what hidden state it reads and how its vocabulary maps to the target's.
+"""`HeadDrafter`: the draft loop of drafters that run one learned draft layer over a paged
+draft KV (EAGLE-3's head, an MTP module). The subclasses only say how their model is called,
+what hidden state it reads and how its vocabulary maps to the target's.
 
-Owns the per-slot draft state: the draft KV of every committed position (one-layer
-`PagedKVCache`), and for each slot the draft layer's output at the newest committed position
+Owns the per-slot draft state: the draft KV of every committed position (one layer in a
+`PagedKVCache` that, inside an engine, sits on the target cache's allocator: one reservation
+backs both), and for each slot the draft layer's output at the newest committed position
 (`ctx_hidden`: what the next draft row reads) with the draft logits there (`root_logits`:
-the root's child distribution).
+the root's child distribution). All of it is updated in place, so a captured step has static
+inputs and outputs.
 
 Positions. Draft row p pairs the target's state at position p (captured layers for EAGLE-3,
 the last hidden state for MTP) with the token at p + 1 and uses RoPE position p; its K/V
@@ -14,17 +16,20 @@ draft KV holds exactly the committed positions [0, committed_len), the same as t
 
 Each `propose`:
 1. ingest: per slot, the accepted path of the last step (accept_length + 1 rows, padded to
-   D + 1 with masked rows) at positions committed_len - a - 1 .. committed_len - 1; their
-   K/V overwrite whatever the draft wrote there before (drafts are never stored in the
-   paged cache, so nothing else needs correcting). The last valid row becomes
-   `ctx_hidden` / `root_logits`.
+   D + 1 with masked rows) at positions committed_len - a - 1 .. committed_len - 1, a causal
+   paged-attention forward; their K/V overwrite whatever the draft wrote there before. The
+   last valid row becomes `ctx_hidden` / `root_logits`.
 2. draft: D - 1 fixed-shape forwards of F rows per slot (F = K for the EAGLE-2 tree, else 1)
-   at positions committed_len + depth - 1, each reading its parent row's output; their K/V
-   stays in a per-propose tensor seen along the ancestor mask (`draft_attention`). Which
-   nodes the tree keeps is `dynamic_tree` (EAGLE-2 top-K expansion, or whole sampled groups
-   when drafts are sampled for `verifier="speculative"`, tempered by each slot's temperature).
-No `.item()` and no branching on tensor values in `propose`; `prefill` and `reset_slot` are
-host-side, between steps.
+   at RoPE positions committed_len + depth - 1, each reading its parent row's output. Draft
+   row f of forward t is stored at logical position committed_len + t * F + f (positions the
+   next ingest overwrites), and attends over the committed prefix plus its ancestors' rows
+   through a packed ancestor mask (`AttentionBatch.key_len`). Which nodes the tree keeps is
+   `dynamic_tree` (EAGLE-2 top-K expansion, or whole sampled groups when drafts are sampled
+   for `verifier="speculative"`, tempered by each slot's temperature, drawn with
+   counter-based uniforms keyed by the request's seed and position).
+No `.item()`, no host-to-device copies and no branching on tensor values in `propose`;
+`prefill` and `reset_slot` are host-side, between steps. `propose` runs on the first B slots,
+B = the inputs' batch bucket.
 """
 
 from __future__ import annotations
@@ -34,14 +39,22 @@ from collections.abc import Callable
 import torch
 
 from specdec.config import ConfigError, SpecConfig
+from specdec.ops.random import STREAM_DRAFT, counter_uniforms
+from specdec.ops.sampling import sample_from_probs
+from specdec.runtime.attention import AttentionBatch, attention
+from specdec.runtime.batch import prefill_batch
 from specdec.runtime.kv_cache import PagedKVCache
 from specdec.strategies import DraftInput
 from specdec.types import DraftTree
 
-from .draft_attention import causal_attend, gather_prefix, masked_attention
 from .dynamic_tree import eagle2_tree, group_sizes, sampled_tree
 
 __all__ = ["HeadDrafter"]
+
+
+def _bit(k: int) -> int:
+    return -(1 << 31) if k == 31 else 1 << k  # int32 sign bit for bit 31
+
 
 class HeadDrafter:
     """The shared draft loop; a subclass sets the class attributes below and implements `_forward`.
@@ -59,7 +72,7 @@ class HeadDrafter:
         hidden_width: the width of the target states the first row reads (`DraftInput.hidden`).
         samples_drafts: sample drafts from the (tempered) draft distribution and return
             `draft_probs` (for verifier="speculative"); else drafts are argmax / top-K.
-        seed: of the draft-sampling generator.
+        seed: mixed into the keys of the draft-sampling draws (with each request's own seed).
     """
 
     needs_hidden_states: bool  # reads captured target layers
@@ -106,7 +119,12 @@ class HeadDrafter:
         self.group_sizes = group_sizes(self.budget, self.depth, self.topk) if self.samples_drafts else None
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.frontier = 1 if self.samples_drafts else self.topk  # F: rows per draft forward
+        self.kv_lookahead = (self.depth - 1) * self.frontier  # draft rows stored past committed_len
         B = config.max_batch_size
+        self.batch_size = B
+        # Standalone (no engine): a private cache; `attach` moves the KV onto the target's allocator.
         self.cache = PagedKVCache(
             1,
             num_kv_heads,
@@ -118,14 +136,30 @@ class HeadDrafter:
             device=self.device,
             dtype=self.dtype,
         )
+        self._owns_cache = True
+        self.attn_impl = "auto"  # `runtime.attention` impl: Triton on CUDA, the reference on CPU
         self.scale = head_dim**-0.5
         self.ctx_hidden = torch.zeros(B, hidden_size, device=self.device, dtype=self.dtype)  # [B, d]
         logit_dtype = torch.promote_types(self.dtype, torch.float32)
         self.root_logits = torch.zeros(B, draft_vocab_size, device=self.device, dtype=logit_dtype)  # [B, Vd]
         self.live = torch.zeros(B, dtype=torch.bool, device=self.device)  # [B] slot has draft state
         self.target_ids = None if target_ids is None else target_ids.to(self.device, torch.int64)  # [Vd]
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
+        self.seed = seed  # mixed into the draw keys of sampled drafts
+        # Ancestor-mask bits of draft row f of forward t (static): [D - 1, F, W] int32.
+        words = max(1, -(-self.kv_lookahead // 32))
+        own = torch.zeros(max(1, self.depth - 1), self.frontier, words, dtype=torch.int32)
+        for t in range(self.depth - 1):
+            for f in range(self.frontier):
+                col = t * self.frontier + f
+                own[t, f, col // 32] = _bit(col % 32)
+        self._own_bits = own.to(self.device)
+
+    def attach(self, cache: PagedKVCache) -> None:
+        """Put the draft KV on `cache`'s allocator (the target's): same blocks, same tables."""
+        if cache.device != self.device or cache.max_batch_size != self.batch_size:
+            return  # a head on another device keeps its private cache
+        self.cache = cache.layer_group(1, self.num_kv_heads, self.head_dim, dtype=self.dtype)
+        self._owns_cache = False
 
     # ------------------------------------------------------------------ subclass hook
     def _forward(self, embeds, hidden, positions, attend, *, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,18 +181,29 @@ class HeadDrafter:
         probs.scatter_(2, self.target_ids.expand(B, N, -1), rows.float())
         return probs
 
+    # ------------------------------------------------------------------ attention
+    def _attend(self, batch: AttentionBatch):
+        """`attend(q, k, v)` for one draft forward: store the rows' K/V, then paged attention."""
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.cache.write(0, k, v, batch.write_index)
+            return attention(q, self.cache, 0, batch, scale=self.scale, impl=self.attn_impl)
+
+        return attend
+
     # ------------------------------------------------------------------ host side
     def _check_slot(self, slot: int) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.cache.max_batch_size:
-            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.cache.max_batch_size})")
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.batch_size:
+            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.batch_size})")
 
     @torch.no_grad()
-    def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """Ingest a prompt: draft rows p = (target state at p, token at p + 1), p = 0..L-1.
+    def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None, start: int = 0) -> None:
+        """Ingest a prompt chunk: draft rows p = (target state at p, token at p + 1), p = start..start+L-1.
 
         Args:
-            next_tokens: [L] int64, the prompt shifted by one plus the first generated token.
-            hidden: [L, width] the target states the head reads, at positions 0..L-1.
+            next_tokens: [L] int64, the chunk's tokens shifted by one (see `Drafter.prefill`).
+            hidden: [L, width] the target states the head reads, at positions start..start+L-1.
+            start: position of the chunk's first row; earlier chunks of the prompt are in the KV.
         """
         self._check_slot(slot)
         if hidden is None:
@@ -169,67 +214,60 @@ class HeadDrafter:
                 f"hidden has shape {tuple(hidden.shape)}; expected [{L}, {self.hidden_width}] "
                 f"({self.hidden_name} of {L} tokens)"
             )
-        if not 1 <= L <= self.max_seq_len:
-            raise ValueError(f"prompt of {L} tokens is out of range; allowed: [1, max_seq_len={self.max_seq_len}]")
-        self.cache.free(slot)
-        self.cache.reserve(slot, self.max_seq_len)
-        slots = torch.tensor([slot], device=self.device)
-        positions = torch.arange(L, device=self.device)[None]  # [1, L]
-        index = self.cache.write_index(slots, positions, torch.ones_like(positions, dtype=torch.bool))
-        causal = causal_attend(self.scale)
-
-        def attend(q, k, v):  # causal over the prompt's own rows
-            self.cache.write(0, k, v, index)
-            return causal(q, k, v)
-
-        embeds = self.embed(next_tokens.to(self.device)[None])  # [1, L, d]
-        out, logits = self._forward(embeds, hidden.to(self.device, self.dtype)[None], positions, attend, first=True)
+        if L < 1 or not 0 <= start <= self.max_seq_len - L:
+            raise ValueError(
+                f"prompt rows [{start}, {start + L}) are out of range; allowed: within [0, max_seq_len={self.max_seq_len})"
+            )
+        if self._owns_cache and start == 0:
+            self.cache.free(slot)
+            self.cache.reserve(slot, self.max_seq_len)
+        dev = self.device
+        batch = prefill_batch(
+            self.cache,
+            torch.tensor([slot], device=dev),
+            torch.tensor([start], device=dev),
+            torch.tensor([L], device=dev),
+            L,
+            max_kv_len=start + L,
+        )
+        embeds = self.embed(next_tokens.to(dev)[None])  # [1, L, d]
+        out, logits = self._forward(embeds, hidden.to(dev, self.dtype)[None], batch.positions, self._attend(batch), first=True)
         self.ctx_hidden[slot] = out[0, -1]
         self.root_logits[slot] = logits[0, -1]
         self.live[slot] = True
 
     def reset_slot(self, slot: int) -> None:
-        """Forget `slot`: its blocks go back to the pool and it drafts root-only trees until the next prefill."""
+        """Forget `slot`: it drafts root-only trees until the next prefill (a private cache frees its blocks)."""
         self._check_slot(slot)
-        self.cache.free(slot)
+        if self._owns_cache:
+            self.cache.free(slot)
         self.live[slot] = False
 
     # ------------------------------------------------------------------ device side
-    def _ingest(self, inputs: DraftInput, live: torch.Tensor):
-        """Run the accepted paths; returns the gathered draft-KV prefix and committed lengths."""
+    def _ingest(self, inputs: DraftInput, live: torch.Tensor, kv_len: int) -> None:
+        """Run the accepted paths through the head; update `ctx_hidden` / `root_logits` in place."""
+        if inputs.hidden is None:  # standalone use right after prefill: nothing verified yet
+            return
         B = live.shape[0]
         R = self.depth + 1  # longest accepted path: D drafts + the bonus
-        S = self.max_seq_len
-        slots = torch.arange(B, device=self.device)
-        committed = inputs.committed_len.to(self.device)  # [B]
-        if inputs.hidden is None:  # nothing verified yet: every slot is fresh from prefill
-            return (*gather_prefix(self.cache, slots, S), committed)
-        a = inputs.accept_length.to(self.device)  # [B], -1 = nothing new
-        j = torch.arange(R, device=self.device)[None]  # [1, R]
-        valid = live[:, None] & (j <= a[:, None])  # [B, R]
-        positions = torch.where(valid, (committed - a - 1)[:, None] + j, 0)  # [B, R]
-        tokens = torch.where(valid, inputs.accept_tokens[:, :R].to(self.device), 0)
-        hidden = inputs.hidden[:, :R].to(self.device, self.dtype)
+        dev = self.device
+        committed = inputs.committed_len.to(dev)  # [B]
+        a = inputs.accept_length.to(dev)  # [B], -1 = nothing new
+        ingest = live & (a >= 0)  # [B]
+        q_len = torch.where(ingest, a + 1, 0)  # [B]
+        start = torch.where(ingest, committed - a - 1, 0)  # [B]
+        batch = prefill_batch(self.cache, torch.arange(B, device=dev), start, q_len, R, max_kv_len=kv_len)
+        valid = torch.arange(R, device=dev)[None] < q_len[:, None]  # [B, R]
+        tokens = torch.where(valid, inputs.accept_tokens[:, :R].to(dev), 0)
+        hidden = inputs.hidden[:, :R].to(dev, self.dtype)
         hidden = torch.where(valid[..., None], hidden, 0)  # rows past a are undefined (maybe NaN)
-        index = self.cache.write_index(slots, positions, valid)
-        prefix = {}
-
-        def attend(q, k, v):
-            self.cache.write(0, k, v, index)
-            pk, pv = gather_prefix(self.cache, slots, S)
-            key_pos = torch.arange(S, device=self.device)[None, None]  # [1, 1, S]
-            visible = (key_pos <= positions[:, :, None]) & valid[:, :, None]  # [B, R, S]
-            prefix.update(k=pk, v=pv)
-            return masked_attention(q, [(pk, pv, visible)], scale=self.scale)
-
-        out, logits = self._forward(self.embed(tokens), hidden, positions, attend, first=True)
-        last = a.clamp(min=0)[:, None, None]  # [B, 1, 1]
-        ingested = valid[:, :1]  # [B, 1]
+        out, logits = self._forward(self.embed(tokens), hidden, batch.positions, self._attend(batch), first=True)
+        last = (q_len - 1).clamp(min=0)[:, None, None]  # [B, 1, 1]
         new_ctx = torch.gather(out, 1, last.expand(-1, -1, out.shape[-1]))[:, 0]  # [B, d]
         new_logits = torch.gather(logits, 1, last.expand(-1, -1, logits.shape[-1]))[:, 0]  # [B, Vd]
-        self.ctx_hidden = torch.where(ingested, new_ctx, self.ctx_hidden)
-        self.root_logits = torch.where(ingested, new_logits, self.root_logits)
-        return prefix["k"], prefix["v"], committed
+        ctx, root = self.ctx_hidden[:B], self.root_logits[:B]
+        ctx.copy_(torch.where(ingest[:, None], new_ctx.to(ctx.dtype), ctx))
+        root.copy_(torch.where(ingest[:, None], new_logits.to(root.dtype), root))
 
     def _log_dist(self, logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
         """Draft log-distribution [..., Vd]; tempered per slot when drafts are sampled."""
@@ -237,6 +275,19 @@ class HeadDrafter:
             t = torch.where(temperature > 0, temperature, 1.0).to(logits.device)
             logits = logits / t.view(-1, *([1] * (logits.dim() - 1)))
         return torch.log_softmax(logits, dim=-1)
+
+    def _sampler(self, seed: torch.Tensor, committed: torch.Tensor):
+        """`sample(probs [B, Vd], c) -> [B, c]` i.i.d. draws; the k-th call (depth k) draws with
+        counter-based uniforms keyed by (seed, position, depth)."""
+        calls = [0]
+        key = seed ^ self.seed  # [B]
+
+        def sample(probs: torch.Tensor, c: int) -> torch.Tensor:
+            u = counter_uniforms(key, committed * 64 + calls[0], c, STREAM_DRAFT)  # [B, c] float64
+            calls[0] += 1
+            return sample_from_probs(probs[:, None, :].expand(-1, c, -1), u)
+
+        return sample
 
     @torch.no_grad()
     def propose(self, inputs: DraftInput) -> DraftTree:
@@ -246,50 +297,52 @@ class HeadDrafter:
                 f"DraftInput.hidden has width {inputs.hidden.shape[-1]}; the {self.kind} reads {self.hidden_name} "
                 f"of width {self.hidden_width}"
             )
-        live = self.live & inputs.active.to(self.device)  # [B]
-        prefix_k, prefix_v, committed = self._ingest(inputs, live)
-        S = prefix_k.shape[1]
-        prefix_visible = torch.arange(S, device=self.device)[None] < committed[:, None]  # [B, S]
-        sampling = getattr(inputs, "sampling", None)
+        dev = self.device
+        B = inputs.root_tokens.shape[0]
+        kv_len = inputs.max_kv_len or self.max_seq_len
+        live = self.live[:B] & inputs.active.to(dev)  # [B]
+        self._ingest(inputs, live, kv_len)
+        committed = inputs.committed_len.to(dev)  # [B]
+        sampling = inputs.sampling
         temperature = None if sampling is None else sampling.temperature
-        B = live.shape[0]
+        slots = torch.arange(B, device=dev)
+        F = self.frontier
         state = dict(
-            hidden=self.ctx_hidden[:, None],  # [B, F_prev, d] outputs of the previous call's rows
-            anc=torch.zeros(B, 1, 0, dtype=torch.bool, device=self.device),  # [B, F_prev, M] ancestor keys
-            k=prefix_k.new_zeros(B, 0, *prefix_k.shape[2:]),  # [B, M, Hkv, hd] node keys so far
-            v=prefix_v.new_zeros(B, 0, *prefix_v.shape[2:]),
+            hidden=self.ctx_hidden[:B, None],  # [B, F_prev, d] outputs of the previous call's rows
+            anc=torch.zeros(B, 1, self._own_bits.shape[-1], dtype=torch.int32, device=dev),  # [B, F_prev, W]
             depth=0,
         )
 
         def step(tokens: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
             """draft tokens [B, F], parent_slot [B, F] -> draft log-distribution [B, F, Vd]."""
+            t = state["depth"]
             Fr = tokens.shape[1]
             hidden = torch.gather(state["hidden"], 1, parent_slot[..., None].expand(-1, -1, state["hidden"].shape[-1]))
             anc = torch.gather(state["anc"], 1, parent_slot[..., None].expand(-1, -1, state["anc"].shape[-1]))
-            anc = torch.cat([anc, torch.eye(Fr, dtype=torch.bool, device=self.device).expand(B, Fr, Fr)], dim=2)
-            positions = (committed + state["depth"])[:, None].expand(B, Fr)  # [B, F]
-
-            def attend(q, k, v):
-                state["k"] = torch.cat([state["k"], k.to(prefix_k.dtype)], dim=1)
-                state["v"] = torch.cat([state["v"], v.to(prefix_v.dtype)], dim=1)
-                visible = prefix_visible[:, None].expand(B, Fr, S)
-                return masked_attention(q, [(prefix_k, prefix_v, visible), (state["k"], state["v"], anc)], scale=self.scale)
-
+            anc = anc | self._own_bits[t, :Fr]  # [B, Fr, W] ancestors + self
+            rows = committed[:, None] + t * F + torch.arange(Fr, device=dev)[None]  # [B, Fr] storage positions
+            batch = AttentionBatch(
+                slots=slots,
+                cache_len=committed,
+                q_len=torch.where(live, Fr, 0),
+                write_index=self.cache.write_index(slots, rows, live[:, None].expand(B, Fr)),
+                tree_mask=anc,
+                max_kv_len=kv_len,
+                key_len=torch.where(live, t * F + Fr, 0),
+            )
+            positions = (committed + t)[:, None].expand(B, Fr)  # [B, Fr] RoPE positions
             embeds = self.embed(self._to_target(tokens))
-            out, logits = self._forward(embeds, hidden, positions, attend, first=False)
-            state.update(hidden=out, anc=anc, depth=state["depth"] + 1)
+            out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=False)
+            state.update(hidden=out, anc=anc, depth=t + 1)
             return self._log_dist(logits, temperature)
 
-        root_logq = self._log_dist(self.root_logits, temperature)  # [B, Vd]
+        root_logq = self._log_dist(self.root_logits[:B], temperature)  # [B, Vd]
         if self.samples_drafts:
-            gen = self.generator
-            grown = sampled_tree(
-                root_logq, step, sizes=self.group_sizes,
-                sample=lambda p, c: torch.multinomial(p, c, replacement=True, generator=gen),
-            )
+            seed = sampling.seed if sampling is not None and sampling.seed is not None else torch.zeros_like(committed)
+            grown = sampled_tree(root_logq, step, sizes=self.group_sizes, sample=self._sampler(seed.to(dev), committed))
         else:
             grown = eagle2_tree(root_logq, step, topk=self.topk, depth=self.depth, budget=self.budget)
-        return self._draft_tree(inputs.root_tokens.to(self.device), grown, live)
+        return self._draft_tree(inputs.root_tokens.to(dev), grown, live)
 
     def _draft_tree(self, root_tokens: torch.Tensor, grown, live: torch.Tensor) -> DraftTree:
         B, S = grown.tokens.shape

@@ -18,10 +18,11 @@ occurrences of the matched n-gram are considered (`MAX_OCCURRENCES`), which boun
 on degenerate, very repetitive text.
 
 Where the work happens: matching is host-side Python, O(accepted tokens x max_match) to
-update the index plus O(occurrences x depth) to match, per slot per step, and `propose`
-reads the last step's accepted tokens with one device-to-host copy. The returned
-`DraftTree` has the fixed shape [B, N] (N = max_draft_tokens + 1), built on the host and
-copied to the device once. The history misses the prompt's first token: `prefill` receives
+update the index plus O(occurrences x depth) to match, per slot per step. Inside the engine
+it drafts between steps (`runs_on_host`): `propose_host` reads the last step's tokens from
+the engine's token hand-off (already on the host), and the engine copies the [B, N] tree
+(N = max_draft_tokens + 1) to the device before the captured step, which then starts at
+tree building. The history misses the prompt's first token: `prefill` receives
 the prompt shifted by one (`Drafter.prefill` contract).
 """
 
@@ -161,6 +162,7 @@ class NgramDrafter:
     needs_hidden_states = False
     needs_last_hidden = False
     samples_drafts = False
+    runs_on_host = True  # drafts between steps from the token hand-off (`propose_host`)
 
     def __init__(self, config: SpecConfig, options: NgramOptions, *, device: torch.device | str = "cpu") -> None:
         self.options = options
@@ -174,12 +176,13 @@ class NgramDrafter:
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.batch_size:
             raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.batch_size})")
 
-    def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
-        """Start `slot`'s history with the prompt (shifted by one) and the first generated token."""
+    def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None = None, start: int = 0) -> None:
+        """Grow `slot`'s history with a prompt chunk (shifted by one; the last chunk ends with the
+        first generated token); `start == 0` starts a new history."""
         self._check_slot(slot)
-        index = NgramIndex(self.options.min_match, self.options.max_match)
-        index.extend(next_tokens.reshape(-1).tolist())
-        self.slots[slot] = index
+        if start == 0 or self.slots[slot] is None:
+            self.slots[slot] = NgramIndex(self.options.min_match, self.options.max_match)
+        self.slots[slot].extend(next_tokens.reshape(-1).tolist())
 
     def reset_slot(self, slot: int) -> None:
         self._check_slot(slot)
@@ -193,29 +196,31 @@ class NgramDrafter:
         branches = index.continuations(self.depth)
         return grow_tree(branches, self.options.max_branches, self.options.max_draft_tokens)
 
-    def propose(self, inputs: DraftInput) -> DraftTree:
-        """Append last step's accepted tokens to each history, then match (host side)."""
-        B, N = inputs.root_tokens.shape[0], self.num_tree_slots
-        packed = torch.cat(
-            [
-                inputs.accept_length[:, None],
-                inputs.root_tokens[:, None],
-                inputs.active[:, None].to(torch.int64),
-                inputs.accept_tokens,
-            ],
-            dim=1,
-        ).tolist()  # the one device-to-host copy of the step
+    def propose_host(
+        self, accept_length: list[int], accept_tokens: list[list[int]], root_tokens: list[int], active: list[bool]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append last step's emitted tokens to each history, then match (host side, between steps).
+
+        Args (one entry per row of the step's batch bucket, from the token hand-off):
+            accept_length: accepted drafts of the last step (-1 right after prefill).
+            accept_tokens: the tokens the last step emitted (a accepted drafts, then the bonus).
+            root_tokens: each row's newest token (the tree's root).
+            active: rows holding a live request.
+        Returns:
+            CPU int64 tensors tokens [B, N], parents [B, N] and num_nodes [B].
+        """
+        B, N = len(root_tokens), self.num_tree_slots
         tokens = torch.zeros(B, N, dtype=torch.int64)
         parents = torch.full((B, N), -1, dtype=torch.int64)
         num_nodes = torch.ones(B, dtype=torch.int64)
-        for b, row in enumerate(packed):
-            a, root, active, accepted = row[0], row[1], row[2], row[3:]
+        for b in range(B):
+            root, a = root_tokens[b], accept_length[b]
             tokens[b, 0] = root
             index = self.slots[b]
-            if not active or index is None:
+            if not active[b] or index is None:
                 continue
             if a >= 0:
-                index.extend(accepted[: a + 1])
+                index.extend(accept_tokens[b][: a + 1])
             if index.tokens[-1] != root:
                 raise RuntimeError(
                     f"ngram drafter out of sync in slot {b}: history ends with {index.tokens[-1]}, root token is {root}"
@@ -225,5 +230,21 @@ class NgramDrafter:
             tokens[b, 1 : S + 1] = torch.tensor(draft, dtype=torch.int64)
             parents[b, 1 : S + 1] = torch.tensor(par, dtype=torch.int64)
             num_nodes[b] = S + 1
+        return tokens, parents, num_nodes
+
+    def propose(self, inputs: DraftInput) -> DraftTree:
+        """`propose_host` on a `DraftInput` (one device-to-host copy; for use outside the engine)."""
+        packed = torch.cat(
+            [
+                inputs.accept_length[:, None],
+                inputs.root_tokens[:, None],
+                inputs.active[:, None].to(torch.int64),
+                inputs.accept_tokens,
+            ],
+            dim=1,
+        ).tolist()
+        tokens, parents, num_nodes = self.propose_host(
+            [row[0] for row in packed], [row[3:] for row in packed], [row[1] for row in packed], [bool(row[2]) for row in packed]
+        )
         dev = self.device
         return DraftTree(tokens=tokens.to(dev), parents=parents.to(dev), num_nodes=num_nodes.to(dev))

@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.attention import AttentionBatch, attention
 from ..runtime.kv_cache import PagedKVCache
+from . import fused
 from .capture import CaptureBuffer
 from .config import ModelConfig
-from .rope import Rotary, apply_rotary
+from .rope import Rotary
 
 __all__ = ["DecoderLM", "ModelOutput", "RMSNorm"]
 
@@ -36,7 +36,9 @@ class ModelOutput:
 
 
 class RMSNorm(nn.Module):
-    """HF-exact RMSNorm: normalize in float32, cast back, then scale."""
+    """HF-exact RMSNorm: normalize in float32, cast back, then scale (`fused.rms_norm`)."""
+
+    fused = fused.EAGER  # `fused.use_compiled` swaps in the compiled pieces
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -44,12 +46,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.fused.rms_norm(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)) in one fused piece."""
+        return self.fused.add_rms_norm(x, delta, self.weight, self.eps)
 
 
 class Attention(nn.Module):
+    fused = fused.EAGER
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
@@ -71,13 +77,15 @@ class Attention(nn.Module):
         v = v.view(B, T, Hkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.fused.rotary_qk(q, k, cos, sin)
         cache.write(self.layer, k, v, batch.write_index)  # new rows' K/V before attention
         o = attention(q, cache, self.layer, batch, scale=self.scale, sliding_window=self.sliding_window, impl=attn_impl)
         return self.o_proj(o.reshape(B, T, H * hd))
 
 
 class MLP(nn.Module):
+    fused = fused.EAGER
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ffn = cfg.intermediate_size
@@ -85,8 +93,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split([self.ffn, self.ffn], dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.fused.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -97,10 +104,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, cos, sin, cache, batch, attn_impl: str) -> torch.Tensor:
-        """h: [B, T, d] -> the layer's true output (residual included) [B, T, d]."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, batch, attn_impl)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, x, cos, sin, cache, batch, attn_impl: str, next_norm: RMSNorm):
+        """h: [B, T, d] the layer input, x = input_layernorm(h) ->
+        (the layer's true output, residual included [B, T, d], next_norm of it [B, T, d]).
+
+        The residual adds are fused with the norm that follows them (this layer's
+        post-attention norm, then the next layer's input norm or the final norm)."""
+        h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, cache, batch, attn_impl))
+        return next_norm.add_forward(h, self.mlp(x))
 
 
 class DecoderLM(nn.Module):
@@ -162,11 +173,14 @@ class DecoderLM(nn.Module):
         h = self.embed_tokens(tokens)  # [B, T, d]
         cos, sin = self.rotary(positions, h.dtype)  # [B, T, 1, hd]
         rows = capture.row_index(batch.q_len, tokens.shape[1]) if capture is not None else None  # [B, T]
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, cache, batch, self.attn_impl)
+        layers = list(self.layers)
+        x = layers[0].input_layernorm(h)
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            h, x = layer(h, x, cos, sin, cache, batch, self.attn_impl, next_norm)
             if capture is not None and i in capture.column:
                 capture.write(i, h, rows)
-        last_hidden = self.norm(h)  # [B, T, d]
+        last_hidden = x  # [B, T, d], the final norm of the last layer's output
         picked = last_hidden
         if logits_index is not None:
             idx = logits_index[..., None].expand(-1, -1, last_hidden.shape[-1])  # [B, M, d]

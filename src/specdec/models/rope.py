@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from . import fused
 from .config import RopeConfig
 
 __all__ = ["Rotary", "apply_rotary", "rope_inv_freq"]
@@ -83,12 +84,14 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
 
 
 class Rotary(nn.Module):
-    """cos/sin for given positions.
+    """cos/sin for given positions (`fused.rotary_cos_sin`).
 
     The frequencies are a non-persistent buffer that stays float32 and is recomputed after
     every `.to()` / `.to_empty()` (so a bf16 model or a meta-initialized one keeps exact
     frequencies).
     """
+
+    fused = fused.EAGER  # `fused.use_compiled` swaps in the compiled pieces
 
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
@@ -106,11 +109,7 @@ class Rotary(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [B, T] int64 -> cos, sin: [B, T, 1, hd] in `dtype` (broadcast over heads)."""
-        freqs = positions[..., None].float() * self.inv_freq.float()  # [B, T, hd/2] float32
-        emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, hd]
-        cos = (emb.cos() * self.attention_scaling).to(dtype)
-        sin = (emb.sin() * self.attention_scaling).to(dtype)
-        return cos[:, :, None, :], sin[:, :, None, :]
+        return self.fused.rotary_cos_sin(positions, self.inv_freq, self.attention_scaling, dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ class NoDrafter:
     samples_drafts = False
     num_tree_slots = 1
 
-    def prefill(self, slot, next_tokens, hidden) -> None:
+    def prefill(self, slot, next_tokens, hidden, start: int = 0) -> None:
         return None
 
     def propose(self, inputs) -> DraftTree:

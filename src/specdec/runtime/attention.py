@@ -84,7 +84,8 @@ def attention_ref(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Dense masked attention on gathered K/V, in float32 (the specification).
+    """Dense masked attention on gathered K/V, in float32 or wider (float64 stays float64; the
+    specification).
 
     Args:
         q: [B, T, H, hd] queries (RoPE applied).
@@ -96,9 +97,10 @@ def attention_ref(
     positions = torch.arange(S, device=q.device)[None, :].expand(B, S)
     k, v = cache.gather(layer, batch.slots, positions)  # [B, S, Hkv, hd]
     group = H // k.shape[2]
-    k = k.float().repeat_interleave(group, dim=2)
-    v = v.float().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bthd,bshd->bhts", q.float(), k) * scale  # [B, H, T, S]
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+    k = k.to(dtype).repeat_interleave(group, dim=2)
+    v = v.to(dtype).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q.to(dtype), k) * scale  # [B, H, T, S]
     mask = visible_mask(batch, cache, sliding_window)[:, None]  # [B, 1, T, S]
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see nothing -> 0

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["KVCacheError", "PagedKVCache"]
+__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache"]
 
 
 class KVCacheError(RuntimeError):
@@ -34,6 +34,103 @@ def _check_int(name: str, value, lo: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
     return value
+
+
+class BlockAllocator:
+    """Which KV blocks back which request slot: a free pool, per-slot lists, block tables.
+
+    Host-side bookkeeping between steps, never inside a step. The tables live on the host
+    (`host_tables`) and on the device (`block_tables`); on CUDA a change is copied to the
+    device asynchronously from pinned memory (`flush`), so reserving never stalls the GPU
+    and a step never waits for a pageable copy. Every `PagedKVCache` built on one allocator
+    (the target's layers, a draft head's layers) sees the same tables.
+    """
+
+    def __init__(self, max_batch_size: int, blocks_per_seq: int, num_blocks: int, block_size: int,
+                 max_seq_len: int, device: torch.device) -> None:
+        self.max_batch_size, self.blocks_per_seq = max_batch_size, blocks_per_seq
+        self.num_blocks, self.block_size, self.max_seq_len = num_blocks, block_size, max_seq_len
+        self.device = torch.device(device)
+        # [max_batch_size, blocks_per_seq] int64, -1 = unallocated
+        self.block_tables = torch.full((max_batch_size, blocks_per_seq), -1, dtype=torch.int64, device=self.device)
+        self.host_tables = self.block_tables if self.device.type == "cpu" else self.block_tables.cpu()
+        self._dirty = False
+        self._free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # stack; pops lowest first
+        self._owned: list[list[int]] = [[] for _ in range(max_batch_size)]
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    def _check_slot(self, slot: int) -> int:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_batch_size:
+            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.max_batch_size})")
+        return slot
+
+    def capacity(self, slot: int) -> int:
+        """Logical positions of `slot` currently backed by blocks."""
+        return len(self._owned[self._check_slot(slot)]) * self.block_size
+
+    def owned(self, slot: int) -> list[int]:
+        """The blocks of `slot`, in logical order (a copy)."""
+        return list(self._owned[self._check_slot(slot)])
+
+    def reserve(self, slot: int, num_tokens: int, *, flush: bool = True) -> None:
+        """Back logical positions [0, num_tokens) of `slot` with blocks.
+
+        Blocks already owned are kept; only the missing ones are taken from the pool, so
+        calling it before every step with the step's end position is cheap. Raises
+        `KVCacheError` naming the value if `num_tokens > max_seq_len` or the pool has too
+        few free blocks; then nothing is allocated.
+        """
+        self._check_slot(slot)
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens > self.max_seq_len:
+            raise KVCacheError(
+                f"slot {slot} needs {num_tokens} positions, more than max_seq_len={self.max_seq_len}"
+            )
+        owned = self._owned[slot]
+        need = -(-num_tokens // self.block_size) - len(owned)
+        if need <= 0:
+            return
+        if need > len(self._free_blocks):
+            raise KVCacheError(
+                f"slot {slot} needs {need} more KV blocks for {num_tokens} positions but only "
+                f"{len(self._free_blocks)} of num_blocks={self.num_blocks} are free "
+                f"(block_size={self.block_size}); free finished requests or raise num_kv_blocks"
+            )
+        new = [self._free_blocks.pop() for _ in range(need)]
+        start = len(owned)
+        owned.extend(new)
+        self.host_tables[slot, start : start + need] = torch.tensor(new, dtype=torch.int64)
+        self._changed(flush)
+
+    def free(self, slot: int, *, flush: bool = True) -> None:
+        """Return every block of `slot` to the pool and clear its block-table row."""
+        self._check_slot(slot)
+        owned = self._owned[slot]
+        if owned:
+            self._free_blocks.extend(reversed(owned))
+            owned.clear()
+            self.host_tables[slot].fill_(-1)
+            self._changed(flush)
+
+    def _changed(self, flush: bool) -> None:
+        if self.host_tables is not self.block_tables:
+            self._dirty = True
+            if flush:
+                self.flush()
+
+    def flush(self) -> None:
+        """Copy the host tables to the device if they changed: a non-blocking copy from a fresh
+        pinned snapshot (the pinned-memory cache keeps a snapshot alive until its copy is done,
+        so later changes on the host cannot race the copy)."""
+        if not self._dirty:
+            return
+        staging = self.host_tables.pin_memory() if torch.cuda.is_available() else self.host_tables.clone()
+        self.block_tables.copy_(staging, non_blocking=True)
+        self._dirty = False
 
 
 class PagedKVCache:
@@ -51,6 +148,7 @@ class PagedKVCache:
         block_size: tokens per block.
         num_blocks: blocks in the pool; None = enough for every slot at `max_seq_len`.
         device, dtype: of the storage.
+        allocator: share the block pool and tables of another cache (see `layer_group`).
     """
 
     def __init__(
@@ -65,6 +163,7 @@ class PagedKVCache:
         num_blocks: int | None = None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        allocator: "BlockAllocator | None" = None,
     ) -> None:
         self.num_layers = _check_int("num_layers", num_layers, 1)
         if isinstance(num_kv_heads, int):
@@ -106,10 +205,39 @@ class PagedKVCache:
             for off, w, h in zip(offsets, widths, (x for x in heads for _ in (0, 1)))
         ]  # per region: [num_tokens + 1, Hkv, hd], last row = sink
 
-        # [max_batch_size, blocks_per_seq] int64, -1 = unallocated; mirrored on the host below
-        self.block_tables = torch.full((max_batch_size, self.blocks_per_seq), -1, dtype=torch.int64, device=self.device)
-        self._free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # stack; pops lowest first
-        self._owned: list[list[int]] = [[] for _ in range(max_batch_size)]
+        # Blocks are handed out by an allocator that layer groups of other models (a draft
+        # head's KV) share: one pool, one set of block tables, one reservation per request.
+        self.allocator = allocator or BlockAllocator(
+            max_batch_size, self.blocks_per_seq, num_blocks, block_size, max_seq_len, self.device
+        )
+
+    def layer_group(
+        self,
+        num_layers: int,
+        num_kv_heads: int | Sequence[int],
+        head_dim: int,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> "PagedKVCache":
+        """A cache for more layers (a draft head's) on this cache's allocator: same pool size,
+        same block tables, so a reservation of a slot backs the positions of both."""
+        return PagedKVCache(
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            max_batch_size=self.max_batch_size,
+            max_seq_len=self.max_seq_len,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            device=self.device,
+            dtype=self.dtype if dtype is None else dtype,
+            allocator=self.allocator,
+        )
+
+    @property
+    def block_tables(self) -> torch.Tensor:
+        """[max_batch_size, blocks_per_seq] int64 on the cache's device, -1 = unallocated."""
+        return self.allocator.block_tables
 
     # ----------------------------------------------------------------- views
     def k(self, layer: int) -> torch.Tensor:
@@ -136,55 +264,27 @@ class PagedKVCache:
     # ------------------------------------------------------------ allocation
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        return self.allocator.num_free_blocks
 
     def capacity(self, slot: int) -> int:
         """Logical positions of `slot` currently backed by blocks."""
-        return len(self._owned[self._check_slot(slot)]) * self.block_size
+        return self.allocator.capacity(slot)
 
-    def _check_slot(self, slot: int) -> int:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_batch_size:
-            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.max_batch_size})")
-        return slot
-
-    def reserve(self, slot: int, num_tokens: int) -> None:
+    def reserve(self, slot: int, num_tokens: int, *, flush: bool = True) -> None:
         """Back logical positions [0, num_tokens) of `slot` with blocks (host side, between steps).
 
-        Blocks already owned are kept; only the missing ones are taken from the pool, so
-        calling it before every step with the step's end position is cheap. Raises
-        `KVCacheError` naming the value if `num_tokens > max_seq_len` or the pool has too
-        few free blocks; then nothing is allocated.
+        See `BlockAllocator.reserve`; `flush=False` defers the device copy of the block
+        tables to an explicit `flush()` (one copy for many reservations).
         """
-        self._check_slot(slot)
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-        if num_tokens > self.max_seq_len:
-            raise KVCacheError(
-                f"slot {slot} needs {num_tokens} positions, more than max_seq_len={self.max_seq_len}"
-            )
-        owned = self._owned[slot]
-        need = -(-num_tokens // self.block_size) - len(owned)
-        if need <= 0:
-            return
-        if need > len(self._free_blocks):
-            raise KVCacheError(
-                f"slot {slot} needs {need} more KV blocks for {num_tokens} positions but only "
-                f"{len(self._free_blocks)} of num_blocks={self.num_blocks} are free "
-                f"(block_size={self.block_size}); free finished requests or raise num_kv_blocks"
-            )
-        new = [self._free_blocks.pop() for _ in range(need)]
-        start = len(owned)
-        owned.extend(new)
-        self.block_tables[slot, start : start + need] = torch.tensor(new, dtype=torch.int64).to(self.device)
+        self.allocator.reserve(slot, num_tokens, flush=flush)
 
-    def free(self, slot: int) -> None:
+    def free(self, slot: int, *, flush: bool = True) -> None:
         """Return every block of `slot` to the pool and clear its block-table row."""
-        self._check_slot(slot)
-        owned = self._owned[slot]
-        if owned:
-            self._free_blocks.extend(reversed(owned))
-            owned.clear()
-            self.block_tables[slot].fill_(-1)
+        self.allocator.free(slot, flush=flush)
+
+    def flush(self) -> None:
+        """Copy changed block tables to the device (asynchronously, from pinned memory)."""
+        self.allocator.flush()
 
     # ---------------------------------------------------------------- writes
     def token_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """`ModelRunner`: the engine's `TargetRunner` for a loaded `DecoderLM`.
 
-Owns the target's paged KV cache and capture buffer, and turns the engine's requests
-(prefill one prompt; verify every slot's tree) into model forwards with the right attention
-metadata. It knows nothing about drafting or acceptance.
+Owns the target's paged KV cache (whose allocator a draft head's KV shares) and capture
+buffer, and turns the engine's requests (prefill one prompt chunk; verify every slot's tree)
+into model forwards with the right attention metadata. It knows nothing about drafting or
+acceptance.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class ModelRunner:
 
     Args:
         target: a `specdec.models.Target`.
-        config: capacities (slots, max_seq_len, KV blocks).
+        config: capacities (slots, max_seq_len, KV blocks, prefill chunk).
         capture_layers: target layer outputs to capture; () allocates no capture buffer.
         num_tree_slots: N, the tree width of every verify forward.
         keep_last_hidden: return the last hidden state (after the final norm) as the drafter's
@@ -47,44 +48,64 @@ class ModelRunner:
         self.num_tree_slots = num_tree_slots
         self.cache = self.model.make_cache(config)
         p = next(self.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        # rows one forward may capture: a prefill chunk, or every slot's tree
+        max_tokens = capture_max_tokens(config, max(config.prefill_chunk_size, config.max_batch_size * num_tree_slots))
         self.capture = (
-            CaptureBuffer(capture_layers, self.info.hidden_size, capture_max_tokens(config), device=p.device, dtype=p.dtype)
+            CaptureBuffer(capture_layers, self.info.hidden_size, max_tokens, device=p.device, dtype=p.dtype)
             if capture_layers
             else None
         )
+        self.hidden_width = (
+            self.capture.buffer.shape[1] if self.capture is not None else self.info.hidden_size if keep_last_hidden else 0
+        )
 
-    def reserve(self, slot: int, num_tokens: int) -> None:
-        self.cache.reserve(slot, num_tokens)
+    # ------------------------------------------------------------------ blocks (host side)
+    def reserve(self, slot: int, num_tokens: int, *, flush: bool = True) -> None:
+        self.cache.reserve(slot, num_tokens, flush=flush)
 
     def free(self, slot: int) -> None:
         self.cache.free(slot)
 
+    def flush(self) -> None:
+        """Copy changed block tables to the device (asynchronous; before the next forward)."""
+        self.cache.flush()
+
+    def capacity(self, slot: int) -> int:
+        return self.cache.capacity(slot)
+
+    # ------------------------------------------------------------------ forwards
     @torch.inference_mode()
-    def prefill(self, slot: int, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """prompt: [L] int64 -> (logits of the last token [V] float32, captured [L, d*n_capture] or None)."""
-        L = prompt.shape[0]
-        dev = prompt.device
+    def prefill(self, slot: int, tokens: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One prompt chunk of `slot`: tokens [T] int64 at positions start..start+T-1 (earlier
+        chunks are in the cache).
+
+        Returns (logits of the chunk's last token [V] float32, the drafter's target states
+        [T, width] (captured layers or the last hidden state) or None).
+        """
+        T = tokens.shape[0]
+        dev = tokens.device
         batch = prefill_batch(
             self.cache,
             torch.tensor([slot], device=dev),
-            torch.zeros(1, dtype=torch.int64, device=dev),
-            torch.tensor([L], device=dev),
-            L,
-            max_kv_len=L,
+            torch.tensor([start], device=dev),
+            torch.tensor([T], device=dev),
+            T,
+            max_kv_len=start + T,
         )
         out = self.model(
-            prompt[None],
+            tokens[None],
             batch.positions,
             self.cache,
             batch,
             capture=self.capture,
-            logits_index=torch.tensor([[L - 1]], device=dev),
+            logits_index=torch.full((1, 1), T - 1, device=dev),
         )
         hidden = None
         if self.capture is not None:
-            hidden = self.capture.rows(L).clone()  # [L, d*nc]
+            hidden = self.capture.rows(T).clone()  # [T, d*nc]
         elif self.keep_last_hidden:
-            hidden = out.last_hidden[0]  # [L, d]
+            hidden = out.last_hidden[0]  # [T, d]
         return out.logits[0, 0], hidden
 
     @torch.inference_mode()
@@ -96,9 +117,10 @@ class ModelRunner:
         num_nodes: torch.Tensor,
         kv_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens [B, N] -> (logits [B, N, V] float32, captured [B, N, d*n_capture] or None).
+        """tokens [B, N] -> (logits [B, N, V] float32, drafter states [B, N, width] or None).
 
-        kv_len: static bound on committed_len + N over active slots (keys to scan); None = max_seq_len.
+        Row b is request slot b (B = the step's batch bucket). kv_len: static bound on
+        committed_len + N over active slots (keys to scan); None = max_seq_len.
         """
         batch = tree_batch(self.cache, committed_len, tree, num_nodes, max_kv_len=kv_len)
         out = self.model(tokens, batch.positions, self.cache, batch, capture=self.capture)

@@ -1,0 +1,147 @@
+"""The pointwise pieces of a decoder layer (norms, residual adds, RoPE, SwiGLU's activation),
+as plain functions that run eagerly or through `torch.compile`.
+
+Why pieces and not the whole forward: eager PyTorch launches every pointwise op on its own
+(a Llama layer is ~40 launches), and torch.compile fuses each piece into one or two kernels.
+Compiled with `dynamic=True`, one compiled piece serves every batch size, tree width and
+prompt chunk (no recompilation when a new shape arrives, except the usual 0/1 size
+specialization, which `SpecDecoder.warmup` exercises), and it stays a small graph that
+compiles in seconds. Matmuls and attention stay outside (cuBLAS, the Triton kernel); the
+engine then captures the whole step, compiled pieces included, in a CUDA graph.
+
+Each module that uses these holds a `fused` attribute (`EAGER` by default), a `Pieces` that
+flattens the row dimensions before the call, so a compiled piece sees [rows, ...] inputs;
+`use_compiled` switches every such module under a root to the compiled `Pieces`. The eager
+and compiled pieces run the same Python code, so eager stays the reference the tests
+compare with.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["EAGER", "Pieces", "compiled", "use_compiled", "rms_norm", "add_rms_norm", "rotary_qk", "rotary_cos_sin", "silu_mul"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF-exact RMSNorm: normalize in float32, cast back, then scale. x: [..., d]."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """The residual add and the next norm: (x + delta, rms_norm(x + delta)), both [..., d]."""
+    h = x + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """RoPE on queries [B, T, H, hd] and keys [B, T, Hkv, hd]; cos, sin: [B, T, 1, hd]."""
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+    """positions [B, T] int64 -> cos, sin [B, T, 1, hd] in `dtype` (frequencies in float32)."""
+    freqs = positions[..., None].float() * inv_freq.float()  # [B, T, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, hd]
+    cos = (emb.cos() * scaling).to(dtype)
+    sin = (emb.sin() * scaling).to(dtype)
+    return cos[:, :, None, :], sin[:, :, None, :]
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation on the fused projection [..., 2f] -> silu(gate) * up [..., f]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def silu_mul2(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for separate projections (draft heads keep HF's gate_proj / up_proj)."""
+    return F.silu(gate) * up
+
+
+_FUNCTIONS = dict(
+    rms_norm=rms_norm,
+    add_rms_norm=add_rms_norm,
+    rotary_qk=rotary_qk,
+    rotary_cos_sin=rotary_cos_sin,
+    silu_mul=silu_mul,
+    silu_mul2=silu_mul2,
+)
+
+
+class Pieces:
+    """The pieces with flattened row dimensions: every call sees [rows, ...] tensors whose
+    trailing sizes are fixed per model, so a compiled piece needs one graph for rows == 1 and
+    one for rows > 1 (dynamic=True still specializes sizes 0 and 1), whatever the batch,
+    tree width or chunk length."""
+
+    def __init__(self, fns: dict, compiled: bool) -> None:
+        self.fns, self.compiled = fns, compiled
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self.fns["rms_norm"](x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+        d = x.shape[-1]
+        h, normed = self.fns["add_rms_norm"](x.reshape(-1, d), delta.reshape(-1, d), weight, eps)
+        return h.view(x.shape), normed.view(x.shape)
+
+    def rotary_qk(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        rows = q.shape[:-2]
+        q2, k2 = self.fns["rotary_qk"](
+            q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]),
+            cos.reshape(-1, 1, cos.shape[-1]), sin.reshape(-1, 1, sin.shape[-1]),
+        )
+        return q2.view(*rows, *q.shape[-2:]), k2.view(*rows, *k.shape[-2:])
+
+    def rotary_cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+        cos, sin = self.fns["rotary_cos_sin"](positions.reshape(1, -1), inv_freq, scaling, dtype)  # [1, R, 1, hd]
+        shape = (*positions.shape, 1, cos.shape[-1])
+        return cos.view(shape), sin.view(shape)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        out = self.fns["silu_mul"](gate_up.reshape(-1, gate_up.shape[-1]))
+        return out.view(*gate_up.shape[:-1], out.shape[-1])
+
+    def silu_mul2(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        f = gate.shape[-1]
+        return self.fns["silu_mul2"](gate.reshape(-1, f), up.reshape(-1, f)).view(gate.shape)
+
+
+EAGER = Pieces(_FUNCTIONS, compiled=False)
+
+
+@functools.cache
+def compiled() -> Pieces:
+    """The same pieces through `torch.compile(dynamic=True, fullgraph=True)` (made once).
+
+    Duck sizing is turned off for the process: with it, dynamo gives two dimensions that
+    happen to be equal when a piece is first traced one symbol (a 3-row prefill chunk and
+    a model's 3 KV heads), and a later chunk of another length recompiles. Without it every
+    dimension keeps its own symbol; that only makes graphs more general."""
+    import torch.fx.experimental._config as fx_config
+
+    if hasattr(fx_config, "use_duck_shape"):
+        fx_config.use_duck_shape = False
+    return Pieces({name: torch.compile(fn, dynamic=True, fullgraph=True) for name, fn in _FUNCTIONS.items()}, compiled=True)
+
+
+def use_compiled(root: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every module under `root` that has a `fused` namespace to the compiled (or eager)
+    pieces; returns `root`."""
+    pieces = compiled() if on else EAGER
+    for module in root.modules():
+        if hasattr(module, "fused"):
+            module.fused = pieces
+    return root

@@ -1,0 +1,174 @@
+"""One speculative step as a device function over explicit, fixed-capacity state.
+
+Owns `StepState` (every per-slot tensor a step reads or writes: B = max_batch_size slots x
+N tree slots, allocated once, updated in place with `copy_`, never rebound) and `DeviceStep`,
+the step itself:
+
+    draft (device drafters) -> build tree -> target tree-verify forward with capture ->
+    verification -> KV relocation -> state advance -> pack the hand-off
+
+A step runs on a batch bucket b (the first b slots; `StepState.rows(b)` gives views), so a
+CUDA graph captured per bucket has static inputs and outputs: the state's storage. Nothing in
+`DeviceStep.__call__` syncs with the host: no `.item()`, no `.tolist()`, no host-to-device
+copy, no branching on tensor values, no `torch.Generator` (draws are counter-based,
+`specdec.ops.random`). Host drafters (n-gram) write their tree into `draft_*` before the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .ops.random import STREAM_VERIFY, counter_uniforms
+from .registry import Strategies
+from .strategies import DraftInput
+from .types import SamplingTensors, TreeMeta
+
+__all__ = ["StepState", "DeviceStep"]
+
+
+@dataclass
+class StepState:
+    """Per-slot decoding state (row b = request slot b; inactive rows are padding).
+
+    root_tokens:   [B] int64 newest token of each slot (tree node 0; its KV is not cached)
+    committed_len: [B] int64 tokens with target KV
+    accept_length: [B] int64 drafts accepted by the last step (-1 right after prefill)
+    accept_tokens: [B, N] int64 tokens the last step emitted (accepted drafts, bonus, -1)
+    active:        [B] bool slots holding a live request
+    hidden_path:   [B, N, w] the drafter's target states along the last accepted path, or None
+    sampling:      per-slot sampling tensors, `seed` included
+    draft_tokens / draft_parents: [B, N] int64, draft_num_nodes: [B] int64, a host drafter's tree
+    tree:          [B, N] tree metadata buffers (`build_tree(out=...)`)
+    handoff:       [B, N + 1] int64, what the host reads after a step: accept_length, then
+                   the emitted tokens
+    """
+
+    root_tokens: torch.Tensor
+    committed_len: torch.Tensor
+    accept_length: torch.Tensor
+    accept_tokens: torch.Tensor
+    active: torch.Tensor
+    hidden_path: torch.Tensor | None
+    sampling: SamplingTensors
+    draft_tokens: torch.Tensor
+    draft_parents: torch.Tensor
+    draft_num_nodes: torch.Tensor
+    tree: TreeMeta
+    handoff: torch.Tensor
+
+    @staticmethod
+    def allocate(batch: int, nodes: int, hidden_width: int, *, device, hidden_dtype) -> "StepState":
+        i64 = dict(dtype=torch.int64, device=device)
+        f32 = dict(dtype=torch.float32, device=device)
+        return StepState(
+            root_tokens=torch.zeros(batch, **i64),
+            committed_len=torch.zeros(batch, **i64),
+            accept_length=torch.full((batch,), -1, **i64),
+            accept_tokens=torch.full((batch, nodes), -1, **i64),
+            active=torch.zeros(batch, dtype=torch.bool, device=device),
+            hidden_path=torch.zeros(batch, nodes, hidden_width, dtype=hidden_dtype, device=device) if hidden_width else None,
+            sampling=SamplingTensors(
+                temperature=torch.zeros(batch, **f32),
+                top_k=torch.zeros(batch, **i64),
+                top_p=torch.ones(batch, **f32),
+                min_p=torch.zeros(batch, **f32),
+                seed=torch.zeros(batch, **i64),
+            ),
+            draft_tokens=torch.zeros(batch, nodes, **i64),
+            draft_parents=torch.full((batch, nodes), -1, **i64),
+            draft_num_nodes=torch.ones(batch, **i64),
+            tree=TreeMeta.empty(batch, nodes, device),
+            handoff=torch.zeros(batch, nodes + 1, **i64),
+        )
+
+    def rows(self, b: int) -> "StepState":
+        """Views of the first `b` slots (a batch bucket); writes land in this state."""
+        t = self.tree
+        return StepState(
+            root_tokens=self.root_tokens[:b],
+            committed_len=self.committed_len[:b],
+            accept_length=self.accept_length[:b],
+            accept_tokens=self.accept_tokens[:b],
+            active=self.active[:b],
+            hidden_path=None if self.hidden_path is None else self.hidden_path[:b],
+            sampling=self.sampling.rows(b),
+            draft_tokens=self.draft_tokens[:b],
+            draft_parents=self.draft_parents[:b],
+            draft_num_nodes=self.draft_num_nodes[:b],
+            tree=TreeMeta(*(x[:b] for x in (t.packed_mask, t.positions, t.next_token, t.next_sibling, t.retrieve_index))),
+            handoff=self.handoff[:b],
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self.root_tokens.shape[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.accept_tokens.shape[1]
+
+
+class DeviceStep:
+    """The device part of one speculative step over a `StepState` (see the module docstring).
+
+    Args:
+        strategies: the resolved strategies (`registry.resolve`).
+        runner: the `TargetRunner` (its `verify` forward and its `cache`, which relocation mutates).
+    """
+
+    def __init__(self, strategies: Strategies, runner) -> None:
+        self.strategies = strategies
+        self.runner = runner
+        self.host_drafter = strategies.drafter_caps.runs_on_host
+
+    def __call__(self, state: StepState, kv_len: int) -> None:
+        """Run one step on `state` (a bucket's views), writing every result into it in place.
+
+        kv_len: static bound on the logical positions attention reads (python int).
+        """
+        s = self.strategies
+        active = state.active
+        if self.host_drafter:
+            tokens, parents, num_nodes, draft_probs = (
+                state.draft_tokens, state.draft_parents, state.draft_num_nodes, None
+            )
+        else:
+            draft = s.drafter.propose(
+                DraftInput(
+                    root_tokens=state.root_tokens,
+                    committed_len=state.committed_len,
+                    accept_length=state.accept_length,
+                    accept_tokens=state.accept_tokens,
+                    hidden=state.hidden_path,
+                    active=active,
+                    sampling=state.sampling,
+                    max_kv_len=kv_len,
+                )
+            )
+            tokens, parents, num_nodes, draft_probs = draft.tokens, draft.parents, draft.num_nodes, draft.draft_probs
+        tree = s.build_tree(parents, num_nodes, out=state.tree)
+        live_nodes = torch.where(active, num_nodes, 0)  # [B]; idle slots run no rows
+        logits, captured = self.runner.verify(tokens, tree, state.committed_len, live_nodes, kv_len)  # [B, N, V]
+        B, N = tokens.shape
+        uniforms = counter_uniforms(state.sampling.seed, state.committed_len, 2 * N, STREAM_VERIFY).view(B, N, 2)
+        acc = s.verifier(tokens, tree, logits, state.sampling, draft_probs=draft_probs, uniforms=uniforms)
+        accept_length = torch.where(active, acc.accept_length, 0)  # [B]
+        s.relocate_kv(self.runner.cache, state.committed_len, acc.accept_nodes, accept_length)
+        self._advance(state, acc.accept_nodes, acc.accept_tokens, accept_length, captured)
+
+    @staticmethod
+    def _advance(state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:
+        active = state.active
+        bonus = accept_tokens.gather(1, accept_length[:, None])[:, 0]  # [B]
+        state.accept_length.copy_(torch.where(active, accept_length, state.accept_length))
+        state.accept_tokens.copy_(torch.where(active[:, None], accept_tokens, state.accept_tokens))
+        state.root_tokens.copy_(torch.where(active, bonus, state.root_tokens))
+        state.committed_len.add_(torch.where(active, accept_length + 1, 0))
+        if state.hidden_path is not None and captured is not None:
+            idx = accept_nodes.clamp(min=0)  # [B, N]; rows past accept_length are undefined
+            path = captured.gather(1, idx[:, :, None].expand(-1, -1, captured.shape[-1]))
+            state.hidden_path.copy_(path.to(state.hidden_path.dtype))
+        state.handoff[:, 0].copy_(accept_length)
+        state.handoff[:, 1:].copy_(accept_tokens)

@@ -1,0 +1,225 @@
+"""The compiled step: torch.compile'd pieces give the eager tokens, nothing recompiles after
+`warmup()`, chunked prefill, the draft KV on the target's allocator, counter-based seeds;
+on CUDA also: CUDA graphs give the eager tokens, one host sync per step, no re-capture.
+
+Tiny random Llama targets (CPU, fp32), random EAGLE-3 / MTP heads, an oracle MTP head on a
+bigram target (so long paths are accepted and relocated), n-gram drafting (a host drafter),
+and target-only. Every comparison is token for token.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec import SamplingParams, SpecConfig, SpecDecoder
+from specdec.drafters.eagle3_checkpoint import save_eagle3
+
+from _eagle3_heads import random_head
+from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint, random_mtp  # noqa: F401
+from _tiny_models import make_checkpoint
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+PROMPTS = [[5, 17, 33], [9] * 11 + [40, 2], [71], [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43], [60, 61]]
+LENGTHS = [24, 9, 17, 30, 5]  # requests end at different steps; two calls reuse slots
+pytestmark = [
+    pytest.mark.usefixtures("e2e_cpu"),
+    pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama8")
+    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bigram(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bigram")
+    make_bigram_checkpoint(folder, seed=1)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def eagle3_head(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle3")
+    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1), folder)
+    return folder
+
+
+BASE = dict(max_batch_size=3, max_seq_len=96, kv_block_size=4)
+SETUPS = {
+    "target-only": ("llama", None, dict(drafter="none")),
+    "eagle3-chain": ("llama", "eagle3", dict(drafter="eagle3", max_draft_len=3)),
+    "eagle3-tree": ("llama", "eagle3", dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
+    "mtp-oracle-chain": ("bigram", "mtp-oracle", dict(drafter="mtp", max_draft_len=4)),
+    "mtp-oracle-tree": ("bigram", "mtp-oracle", dict(drafter="mtp", tree="dynamic", topk=2, max_draft_len=3)),
+    "mtp-random-tree": ("llama", "mtp", dict(drafter="mtp", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
+    "ngram-tree": ("bigram", None, dict(drafter="ngram", tree="dynamic", topk=2, max_draft_len=4)),
+    "eagle3-speculative": ("llama", "eagle3", dict(drafter="eagle3", max_draft_len=3, verifier="speculative")),
+}
+
+
+def decoder(request, name: str, **knobs) -> SpecDecoder:
+    target_name, head, cfg = SETUPS[name]
+    target = specdec.load_target(request.getfixturevalue(target_name), device=DEVICE)
+    draft = {"eagle3": request.getfixturevalue("eagle3_head") if head == "eagle3" else None,
+             "mtp": random_mtp(seed=0), "mtp-oracle": bigram_oracle_mtp(), None: None}[head]
+    return SpecDecoder.from_pretrained(target, draft, SpecConfig(**{**BASE, **cfg, **knobs}))
+
+
+def run(dec: SpecDecoder, prompts=PROMPTS, lengths=LENGTHS, **params) -> list[list[int]]:
+    out = []
+    B = dec.config.max_batch_size
+    for i in range(0, len(prompts), B):
+        batch = [SamplingParams(max_new_tokens=n, ignore_eos=True, **params) for n in lengths[i : i + B]]
+        out += [r.token_ids for r in dec.generate(prompts[i : i + B], batch)]
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in SETUPS if n != "eagle3-speculative"])
+def test_compiled_pieces_give_the_eager_tokens(request, name):
+    eager = run(decoder(request, name, compile=False, cuda_graphs=False))
+    dec = decoder(request, name, compile=True, cuda_graphs=False)
+    assert dec.compiled and not dec.cuda_graphs
+    assert run(dec) == eager
+
+
+_FRESH_PROCESS = r"""
+import sys, torch
+sys.path.insert(0, {tests!r})
+import specdec
+from specdec import SamplingParams, SpecConfig, SpecDecoder
+from specdec.drafters.eagle3_checkpoint import load_eagle3
+target = specdec.load_target({llama!r}, device={device!r})
+config = SpecConfig(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7,
+                    max_batch_size=3, max_seq_len=96, kv_block_size=4, compile=True, cuda_graphs={graphs})
+dec = SpecDecoder.from_pretrained(target, {head!r}, config)
+report = dec.warmup(progress=False)
+assert report.buckets == (1, 2, 3), report
+# prompt lengths equal to the model's head counts (4 query, 2 KV heads) and head_dim (16)
+lengths = [1, 2, 3, 4, 5, 16, 7, 13, 2]
+gen = torch.Generator().manual_seed(0)
+with torch._dynamo.config.patch(error_on_recompile=True):
+    for i in range(0, len(lengths), 3):
+        prompts = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in lengths[i:i + 3]]
+        dec.generate(prompts, [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in (6, 20, 11)][:len(prompts)])
+    dec.generate([[7]], SamplingParams(max_new_tokens=9, ignore_eos=True))  # bucket 1 after bucket 3
+print("NO-RECOMPILE-OK", report.seconds)
+"""
+
+
+def test_nothing_recompiles_after_warmup(request, tmp_path):
+    """In a fresh process (compiled graphs of earlier tests must not help): warmup(), then
+    prompts of many lengths and batch sizes under `error_on_recompile`."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = _FRESH_PROCESS.format(
+        tests=str(Path(__file__).parent), llama=str(request.getfixturevalue("llama")),
+        head=str(request.getfixturevalue("eagle3_head")), device=DEVICE, graphs=CUDA,
+    )
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "0"} if not CUDA else None
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0 and "NO-RECOMPILE-OK" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", ["eagle3-chain", "mtp-oracle-tree", "ngram-tree"])
+def test_chunked_prefill_gives_the_unchunked_tokens(request, name):
+    whole = run(decoder(request, name))
+    assert run(decoder(request, name, prefill_chunk_size=4)) == whole
+    assert run(decoder(request, name, prefill_chunk_size=1)) == whole
+
+
+def test_the_draft_kv_lives_on_the_target_allocator(request):
+    dec = decoder(request, "eagle3-tree")
+    drafter, cache = dec.strategies.drafter, dec.engine.runner.cache
+    assert drafter.cache.allocator is cache.allocator and drafter.cache.block_tables is cache.block_tables
+    assert drafter.cache.num_layers == 1 and cache.num_layers == 8
+    blocks = cache.num_blocks
+    res = dec.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    assert [len(r.token_ids) for r in res] == [12] * 3
+    assert cache.num_free_blocks == blocks  # every block (target and draft KV) came back
+
+
+@pytest.mark.parametrize("name", ["target-only", "eagle3-tree", "eagle3-speculative"])
+def test_a_seeded_request_samples_the_same_tokens_alone_and_in_a_batch(request, name):
+    if name != "eagle3-speculative":
+        knobs = dict(verifier="target-only")
+    else:
+        knobs = {}
+    dec = decoder(request, name, **knobs)
+    params = dict(temperature=1.0, top_k=20)
+    alone = dec.generate([PROMPTS[1]], SamplingParams(max_new_tokens=16, seed=7, **params))[0].token_ids
+    batch = dec.generate(
+        [PROMPTS[0], PROMPTS[2], PROMPTS[1]],
+        [SamplingParams(max_new_tokens=n, seed=s, **params) for n, s in ((9, 1), (20, 2), (16, 7))],
+    )
+    assert batch[2].token_ids == alone  # slot 2 instead of slot 0, other requests beside it
+    other = dec.generate([PROMPTS[1]], SamplingParams(max_new_tokens=16, seed=8, **params))[0].token_ids
+    assert other != alone
+
+
+def test_cuda_graphs_need_cuda():
+    if CUDA:
+        pytest.skip("this machine has CUDA; the refusal is for CPU targets")
+    with pytest.raises(specdec.ConfigError, match=r"cuda_graphs=True needs a CUDA target"):
+        SpecDecoder(_tiny_target(), SpecConfig(**BASE, cuda_graphs=True))
+
+
+def _tiny_target():
+    from specdec.models import DecoderLM, ModelConfig, RopeConfig
+    from specdec.models.loader import Target
+    from specdec.strategies import TargetInfo
+
+    cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=8, rms_norm_eps=1e-5, rope=RopeConfig(),
+                      max_position_embeddings=128)
+    model = DecoderLM(cfg).eval()
+    return Target(model, TargetInfo(2, 16, 32), None, None, cfg, None)
+
+
+# ---------------------------------------------------------------------------------- CUDA only
+cuda_only = pytest.mark.skipif(not CUDA, reason="CUDA graphs and host-sync checks need a CUDA device")
+
+
+@cuda_only
+@pytest.mark.parametrize("name", list(SETUPS))
+def test_cuda_graphs_give_the_eager_tokens(request, name):
+    eager = run(decoder(request, name, compile=False, cuda_graphs=False))
+    dec = decoder(request, name, compile=True, cuda_graphs=True)
+    dec.warmup(progress=False)
+    assert run(dec) == eager
+    assert dec.engine.capture_count == len(dec.config.batch_buckets)
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ["target-only", "eagle3-tree", "mtp-oracle-chain", "ngram-tree"])
+def test_the_device_part_of_a_step_never_syncs_with_the_host(request, name):
+    dec = decoder(request, name, compile=True, cuda_graphs=True)
+    dec.warmup(progress=False)
+    dec.engine.check_syncs = True  # torch.cuda.set_sync_debug_mode("error") around each launch
+    run(dec)
+    eager = decoder(request, name, compile=False, cuda_graphs=False)
+    eager.engine.check_syncs = True
+    run(eager)
+
+
+@cuda_only
+def test_a_thousand_tokens_after_warmup_capture_and_compile_nothing_new(request):
+    dec = decoder(request, "eagle3-tree", compile=True, cuda_graphs=True, max_seq_len=160)
+    dec.warmup(progress=False)
+    captured = dec.engine.capture_count
+    gen = torch.Generator().manual_seed(0)
+    total = 0
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        while total < 1000:
+            lengths = torch.randint(1, 60, (3,), generator=gen).tolist()
+            prompts = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in lengths]
+            total += sum(len(t) for t in run(dec, prompts, [40, 25, 33]))
+    assert dec.engine.capture_count == captured
