@@ -58,6 +58,7 @@ LLAMA_CAPTURE = (1, 15, 28)
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", action="store_true", help="print each setup's top CUDA kernels (first context)")
     p.add_argument("--quick", action="store_true", help="CPU, tiny shape, contexts 32 64, 8 steps")
     p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
     p.add_argument("--contexts", type=int, nargs="+", default=None, help="prompt tokens (default 1024 4096)")
@@ -161,6 +162,23 @@ def time_steps(dec, timer: StepTimer, prompt: list[int], steps: int, skip: int) 
                 tau=result.stats.mean_accept_length, graphs_after_run=dec.engine.capture_count)
 
 
+def profile_steps(dec, prompt: list[int], name: str, steps: int = 6, rows: int = 14) -> None:
+    """Kernel time of a few steps by CUDA kernel (torch.profiler; graph replays included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        dec.generate([prompt], SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))
+        sync(torch.device("cuda"))
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    total = sum(getattr(e, "self_device_time_total", 0) for e in events)
+    log(f"PROFILE {name}: {len(events)} kernel kinds, {total / 1e3 / steps:.3f} ms of kernel time per step "
+        f"(prefill included in the total)")
+    top = sorted(events, key=lambda e: -getattr(e, "self_device_time_total", 0))[:rows]
+    for e in top:
+        t = getattr(e, "self_device_time_total", 0)
+        log(f"PROFILE   {t / 1e3 / steps:8.3f} ms/step {e.count / steps:7.1f} calls/step  {e.key[:90]}")
+
+
 def free(device: torch.device) -> None:
     gc.collect()  # the dropped decoder's KV cache and CUDA graph pool
     if device.type == "cuda":
@@ -206,6 +224,8 @@ def main() -> None:
                 longest = ctx if args.decoder_per_context else max(contexts)
                 dec, timer, built = build_decoder(key, name, base, target, head, longest, steps, args, device, dtype)
             row = dict(key=key, name=name, **built, **time_steps(dec, timer, prompts[ctx], steps, skip))
+            if args.profile and ctx == contexts[0] and device.type == "cuda":
+                profile_steps(dec, prompts[ctx], name)
             if args.decoder_per_context:
                 dec = None
                 free(device)

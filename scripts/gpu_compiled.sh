@@ -4,7 +4,8 @@
 # kernel's GPU tests, then (when asked) the benchmarks. Logs go to $OUT, a summary prints last.
 #   bash scripts/gpu_compiled.sh tests more       # CUDA tests only (~5 min)
 #   bash scripts/gpu_compiled.sh cycle            # + examples/bench_cycle.py (8B shape, random weights)
-#   bash scripts/gpu_compiled.sh e2e              # examples/bench_e2e.py (needs the assembled GGUF)
+#   bash scripts/gpu_compiled.sh e2e              # examples/bench_e2e.py, bf16 (needs the assembled GGUF)
+#   bash scripts/gpu_compiled.sh e2e32            # the specdec rows in fp32: identical outputs must be n/n
 source "$(dirname "$0")/gpu_setup.sh"
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 summary=()
@@ -22,8 +23,10 @@ for what in "$@"; do
       run tests_attention_gpu 60 python -m pytest -q -p no:cacheprovider tests/test_attention.py -k "cuda or graph or compile"
       run tests_lossless 70 python -m pytest -q -p no:cacheprovider -x tests/test_generate_lossless.py tests/test_ngram_decoding.py
       ;;
-    cycle) run bench_cycle 240 python examples/bench_cycle.py --out "$out/bench_cycle.jsonl" ;;
-    e2e) run bench_e2e 540 python examples/bench_e2e.py --out "$out/bench_e2e.jsonl" ;;
+    cycle) run bench_cycle 240 python examples/bench_cycle.py --profile --out "$out/bench_cycle.jsonl" ;;
+    e2e) run bench_e2e 560 python examples/bench_e2e.py --out "$out/bench_e2e.jsonl" ;;
+    e2e32) run bench_e2e_fp32 560 python examples/bench_e2e.py --dtype float32 --hf-eager-prompts 2 \
+             --setups target-only eagle3-chain eagle3-tree mtp-chain ngram-chain hf-eager --out "$out/bench_e2e_fp32.jsonl" ;;
   esac
 done
 printf '%s\n' "${summary[@]}"

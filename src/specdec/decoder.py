@@ -82,14 +82,18 @@ class SpecDecoder:
             self.strategies.drafter.num_tree_slots,
             keep_last_hidden=caps.reads == "last_hidden",
         )
+        runner.cache.use_compiled(self.compiled)
         if caps.attach is not None:
             caps.attach(runner.cache)  # the draft KV goes on the target's block allocator
         use_compiled(target.model, self.compiled)
         for module in caps.modules:
             use_compiled(module, self.compiled)
+        if caps.use_compiled is not None:
+            caps.use_compiled(self.compiled)
         gen = torch.Generator().manual_seed(seed)
         self.engine = SpecEngine(
-            config, runner, self.strategies, device=device, generator=gen, cuda_graphs=self.cuda_graphs
+            config, runner, self.strategies, device=device, generator=gen, cuda_graphs=self.cuda_graphs,
+            compiled=self.compiled,
         )
         self._warned_weak_drafter = False
 

@@ -118,6 +118,7 @@ class SpecEngine:
         generator: a CPU generator that draws the seeds of unseeded requests.
         observers: host-side per-step observers (more can be appended to `observers`).
         cuda_graphs: replay each bucket's step from a CUDA graph (captured by `warmup`).
+        compiled: the step's own pieces (the verifier's draws) go through torch.compile.
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class SpecEngine:
         generator: torch.Generator | None = None,
         observers: tuple[StepObserver, ...] = (),
         cuda_graphs: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -153,7 +155,7 @@ class SpecEngine:
         self.lookahead = max(N, caps.kv_lookahead)
         self.buckets = config.batch_buckets
         self.state = StepState.allocate(B, N, runner.hidden_width, device=self.device, hidden_dtype=runner.dtype)
-        self.device_step = DeviceStep(strategies, runner)
+        self.device_step = DeviceStep(strategies, runner, compiled=compiled)
         pin = self.device.type == "cuda"
         self._handoff_host = torch.zeros(B, N + 1, dtype=torch.int64, pin_memory=pin)  # [B, N + 1]
         self._handoff_event = torch.cuda.Event() if pin else None

@@ -74,6 +74,7 @@ class DrafterCaps:
     kv_lookahead: positions past committed_len the drafter writes in its own KV.
     modules:      the drafter's torch modules (compiled with the target's when compile is on).
     attach:       `attach(cache)` puts the drafter's KV on the target cache's allocator, or None.
+    use_compiled: `use_compiled(on)` switches the drafter's own tensor glue to compiled pieces, or None.
     """
 
     reads: str
@@ -82,6 +83,7 @@ class DrafterCaps:
     kv_lookahead: int
     modules: tuple = ()
     attach: object = None
+    use_compiled: object = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def _drafter_caps(drafter) -> DrafterCaps:
         kv_lookahead=int(getattr(drafter, "kv_lookahead", 0)),
         modules=(model,) if hasattr(model, "modules") else (),
         attach=getattr(drafter, "attach", None),
+        use_compiled=getattr(drafter, "use_compiled", None),
     )
 
 

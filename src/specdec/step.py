@@ -16,6 +16,7 @@ copy, no branching on tensor values, no `torch.Generator` (draws are counter-bas
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -116,12 +117,16 @@ class DeviceStep:
     Args:
         strategies: the resolved strategies (`registry.resolve`).
         runner: the `TargetRunner` (its `verify` forward and its `cache`, which relocation mutates).
+        compiled: draw the verifier's uniforms through `torch.compile` (one fused kernel
+            instead of ~60 integer ops).
     """
 
-    def __init__(self, strategies: Strategies, runner) -> None:
+    def __init__(self, strategies: Strategies, runner, *, compiled: bool = False) -> None:
         self.strategies = strategies
         self.runner = runner
         self.host_drafter = strategies.drafter_caps.runs_on_host
+        self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
+        self.uniforms = _compiled_uniforms() if compiled else counter_uniforms
 
     def __call__(self, state: StepState, kv_len: int) -> None:
         """Run one step on `state` (a bucket's views), writing every result into it in place.
@@ -152,7 +157,9 @@ class DeviceStep:
         live_nodes = torch.where(active, num_nodes, 0)  # [B]; idle slots run no rows
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, live_nodes, kv_len)  # [B, N, V]
         B, N = tokens.shape
-        uniforms = counter_uniforms(state.sampling.seed, state.committed_len, 2 * N, STREAM_VERIFY).view(B, N, 2)
+        uniforms = None
+        if self.needs_draws:
+            uniforms = self.uniforms(state.sampling.seed, state.committed_len, 2 * N, STREAM_VERIFY).view(B, N, 2)
         acc = s.verifier(tokens, tree, logits, state.sampling, draft_probs=draft_probs, uniforms=uniforms)
         accept_length = torch.where(active, acc.accept_length, 0)  # [B]
         s.relocate_kv(self.runner.cache, state.committed_len, acc.accept_nodes, accept_length)
@@ -172,3 +179,8 @@ class DeviceStep:
             state.hidden_path.copy_(path.to(state.hidden_path.dtype))
         state.handoff[:, 0].copy_(accept_length)
         state.handoff[:, 1:].copy_(accept_tokens)
+
+
+@functools.cache
+def _compiled_uniforms():
+    return torch.compile(counter_uniforms, dynamic=True, fullgraph=True)

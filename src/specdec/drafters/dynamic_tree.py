@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GrownTree", "eagle2_tree", "sampled_tree", "group_sizes", "stable_topk", "history_size"]
+__all__ = ["GrownTree", "eagle2_tree", "expand_frontier", "sampled_tree", "group_sizes", "stable_topk", "history_size"]
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -90,7 +90,24 @@ def _assemble(sel: torch.Tensor, hist_tok: torch.Tensor, hist_parent: torch.Tens
     return tokens, parents
 
 
-def eagle2_tree(root_logq: torch.Tensor, step: Step, *, topk: int, depth: int, budget: int) -> GrownTree:
+def expand_frontier(logq: torch.Tensor, fr_score: torch.Tensor, k: int):
+    """One EAGLE-2 depth: the top-K children of each of the K frontier nodes, and the best K
+    of those K*K candidates as the next frontier.
+
+    Args:
+        logq: [B, K, Vd] draft log-distributions at the frontier nodes.
+        fr_score: [B, K] the frontier nodes' path scores.
+    Returns:
+        cand_tok, cand_score: [B, K*K] the candidates (frontier-major order);
+        pick: [B, K] the next frontier's candidate indices, best first.
+    """
+    B = logq.shape[0]
+    child_lp, child_tok = _clean_logq(logq).topk(k, dim=-1)  # [B, K, K]
+    cand_score = (fr_score[:, :, None] + child_lp).reshape(B, k * k)
+    return child_tok.reshape(B, k * k), cand_score, stable_topk(cand_score, k)
+
+
+def eagle2_tree(root_logq: torch.Tensor, step: Step, *, topk: int, depth: int, budget: int, expand=None) -> GrownTree:
     """EAGLE-2 dynamic tree (greedy: top-K children, best K frontier, global rerank).
 
     Args:
@@ -99,9 +116,11 @@ def eagle2_tree(root_logq: torch.Tensor, step: Step, *, topk: int, depth: int, b
         topk: K children per expanded node (<= Vd).
         depth: D layers of drafts.
         budget: draft nodes kept, in [1, K + K*K*(D-1)].
+        expand: `expand_frontier` or a compiled copy of it (None = `expand_frontier`).
     Returns:
         GrownTree with S = budget nodes.
     """
+    expand = expand or expand_frontier
     B, Vd = root_logq.shape
     K = topk
     if not 1 <= K <= Vd:
@@ -118,15 +137,11 @@ def eagle2_tree(root_logq: torch.Tensor, step: Step, *, topk: int, depth: int, b
     parent_slot = torch.zeros(B, K, dtype=torch.int64, device=device)
     offset = K
     for t in range(2, depth + 1):
-        logq = _clean_logq(step(fr_tok, parent_slot))  # [B, K, Vd]
-        child_lp, child_tok = logq.topk(K, dim=-1)  # [B, K, K]
-        cand_score = (fr_score[:, :, None] + child_lp).reshape(B, K * K)
-        cand_tok = child_tok.reshape(B, K * K)
+        cand_tok, cand_score, idx = expand(step(fr_tok, parent_slot), fr_score, K)  # [B, K*K] x2, [B, K]
         hist_tok.append(cand_tok)
         hist_score.append(cand_score)
         hist_parent.append(fr_hist[:, :, None].expand(B, K, K).reshape(B, K * K))
         if t < depth:
-            idx = stable_topk(cand_score, K)  # [B, K] next frontier among the K*K
             fr_hist = offset + idx
             fr_tok = torch.gather(cand_tok, 1, idx)
             fr_score = torch.gather(cand_score, 1, idx)

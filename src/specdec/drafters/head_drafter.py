@@ -34,6 +34,7 @@ B = the inputs' batch bucket.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -47,9 +48,14 @@ from specdec.runtime.kv_cache import PagedKVCache
 from specdec.strategies import DraftInput
 from specdec.types import DraftTree
 
-from .dynamic_tree import eagle2_tree, group_sizes, sampled_tree
+from .dynamic_tree import eagle2_tree, expand_frontier, group_sizes, sampled_tree
 
 __all__ = ["HeadDrafter"]
+
+
+@functools.cache
+def _compiled_expand():
+    return torch.compile(expand_frontier, dynamic=True, fullgraph=True)
 
 
 def _bit(k: int) -> int:
@@ -137,6 +143,7 @@ class HeadDrafter:
             dtype=self.dtype,
         )
         self._owns_cache = True
+        self.expand = expand_frontier  # `use_compiled` swaps in torch.compile(expand_frontier)
         self.attn_impl = "auto"  # `runtime.attention` impl: Triton on CUDA, the reference on CPU
         self.scale = head_dim**-0.5
         self.ctx_hidden = torch.zeros(B, hidden_size, device=self.device, dtype=self.dtype)  # [B, d]
@@ -153,6 +160,10 @@ class HeadDrafter:
                 col = t * self.frontier + f
                 own[t, f, col // 32] = _bit(col % 32)
         self._own_bits = own.to(self.device)
+
+    def use_compiled(self, on: bool = True) -> None:
+        """Grow trees with the compiled frontier expansion (one graph for every batch size)."""
+        self.expand = _compiled_expand() if on else expand_frontier
 
     def attach(self, cache: PagedKVCache) -> None:
         """Put the draft KV on `cache`'s allocator (the target's): same blocks, same tables."""
@@ -341,7 +352,7 @@ class HeadDrafter:
             seed = sampling.seed if sampling is not None and sampling.seed is not None else torch.zeros_like(committed)
             grown = sampled_tree(root_logq, step, sizes=self.group_sizes, sample=self._sampler(seed.to(dev), committed))
         else:
-            grown = eagle2_tree(root_logq, step, topk=self.topk, depth=self.depth, budget=self.budget)
+            grown = eagle2_tree(root_logq, step, topk=self.topk, depth=self.depth, budget=self.budget, expand=self.expand)
         return self._draft_tree(inputs.root_tokens.to(dev), grown, live)
 
     def _draft_tree(self, root_tokens: torch.Tensor, grown, live: torch.Tensor) -> DraftTree:

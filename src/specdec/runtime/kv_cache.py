@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import functools
+
 import torch
+
+from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
+from specdec.ops.dispatch import use_triton
 
 __all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache"]
 
@@ -34,6 +39,21 @@ def _check_int(name: str, value, lo: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
     return value
+
+
+def _token_rows(block_tables, slots, positions, valid, block_size: int) -> torch.Tensor:
+    """Flat token row of each (row, logical position), -1 where not valid, out of range or
+    unallocated. block_tables [max_B, bps], slots [B], positions / valid [B, T] -> [B, T] int64."""
+    inside = valid & (positions >= 0) & (positions < block_tables.shape[1] * block_size)
+    pos = torch.where(inside, positions, 0)
+    block = block_tables[slots[:, None], pos // block_size]  # [B, T]
+    index = block * block_size + pos % block_size
+    return torch.where(inside & (block >= 0), index, -1)
+
+
+@functools.cache
+def _compiled_token_rows():
+    return torch.compile(_token_rows, dynamic=True, fullgraph=True)
 
 
 class BlockAllocator:
@@ -205,6 +225,7 @@ class PagedKVCache:
             for off, w, h in zip(offsets, widths, (x for x in heads for _ in (0, 1)))
         ]  # per region: [num_tokens + 1, Hkv, hd], last row = sink
 
+        self.compiled = False  # index arithmetic through torch.compile (`use_compiled`)
         # Blocks are handed out by an allocator that layer groups of other models (a draft
         # head's KV) share: one pool, one set of block tables, one reservation per request.
         self.allocator = allocator or BlockAllocator(
@@ -221,7 +242,7 @@ class PagedKVCache:
     ) -> "PagedKVCache":
         """A cache for more layers (a draft head's) on this cache's allocator: same pool size,
         same block tables, so a reservation of a slot backs the positions of both."""
-        return PagedKVCache(
+        group = PagedKVCache(
             num_layers,
             num_kv_heads,
             head_dim,
@@ -233,11 +254,17 @@ class PagedKVCache:
             dtype=self.dtype if dtype is None else dtype,
             allocator=self.allocator,
         )
+        return group.use_compiled(self.compiled)
 
     @property
     def block_tables(self) -> torch.Tensor:
         """[max_batch_size, blocks_per_seq] int64 on the cache's device, -1 = unallocated."""
         return self.allocator.block_tables
+
+    def use_compiled(self, on: bool = True) -> "PagedKVCache":
+        """Compute write/token indices through torch.compile (one kernel instead of ~8)."""
+        self.compiled = bool(on)
+        return self
 
     # ----------------------------------------------------------------- views
     def k(self, layer: int) -> torch.Tensor:
@@ -296,11 +323,8 @@ class PagedKVCache:
         Returns:
             [B, T] int64.
         """
-        inside = (positions >= 0) & (positions < self.blocks_per_seq * self.block_size)
-        pos = torch.where(inside, positions, 0)
-        block = self.block_tables[slots[:, None], pos // self.block_size]  # [B, T]
-        index = block * self.block_size + pos % self.block_size
-        return torch.where(inside & (block >= 0), index, -1)
+        fn = _compiled_token_rows() if self.compiled else _token_rows
+        return fn(self.block_tables, slots, positions, torch.ones_like(positions, dtype=torch.bool), self.block_size)
 
     def write_index(self, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Flat token index ``block * block_size + offset`` per (row, position); -1 where not valid.
@@ -313,20 +337,25 @@ class PagedKVCache:
         Returns:
             [B, T] int64.
         """
-        return torch.where(valid, self.token_index(slots, positions), -1)
+        fn = _compiled_token_rows() if self.compiled else _token_rows
+        return fn(self.block_tables, slots, positions, valid, self.block_size)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, write_index: torch.Tensor) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, write_index: torch.Tensor, *, impl: str = "auto") -> None:
         """Store K/V of new tokens (mutates the cache in place; fixed shape).
 
         Args:
             layer: decoder layer.
             k, v: [B, T, Hkv, hd] in any float dtype (cast to the cache dtype).
-            write_index: [B, T] int64 from `write_index`; rows with -1 go to the sink row.
+            write_index: [B, T] int64 from `write_index`; rows with -1 are not written.
+            impl: "auto" (the Triton kernel `specdec.kernels.kv_write` on CUDA or under
+                TRITON_INTERPRET=1, else its reference), "triton" or "torch".
         """
-        index = torch.where(write_index < 0, self.num_tokens, write_index).reshape(-1)  # [B*T]
-        hkv = self.num_kv_heads[layer]
-        self._rows[2 * layer].index_copy_(0, index, k.reshape(-1, hkv, self.head_dim).to(self.dtype))
-        self._rows[2 * layer + 1].index_copy_(0, index, v.reshape(-1, hkv, self.head_dim).to(self.dtype))
+        width = self.num_kv_heads[layer] * self.head_dim
+        rows = (k.reshape(-1, width), v.reshape(-1, width), write_index.reshape(-1))  # [B*T, W] x2, [B*T]
+        # interpreted Triton cannot be traced by torch.compile: compiled CPU code takes the reference
+        triton = use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
+        fn = kv_write_triton if triton else kv_write_torch
+        fn(self._rows[2 * layer], self._rows[2 * layer + 1], *rows)
 
     def gather(self, layer: int, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at logical positions (reference and test helper; unallocated positions read 0).
