@@ -262,9 +262,16 @@ def run_hf(key, runner: HFRunner, prompts, batch_sizes, args, compile_on: bool) 
         model = runner.model
         model.generation_config.cache_implementation = "static"
         if compile_on:
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+            # transformers' own recipe: with a static cache, `generate` compiles the forward itself
+            # (fullgraph, mode="reduce-overhead": CUDA graphs) and marks each CUDA-graph step; a
+            # hand-wrapped `model.forward = torch.compile(...)` fails inside generate ("accessing
+            # tensor output of CUDAGraphs that has been overwritten", seen on the H200)
+            from transformers import CompileConfig
+
+            model.generation_config.compile_config = CompileConfig(fullgraph=True, mode="reduce-overhead")
             name = "transformers static cache + torch.compile"
         else:
+            model.generation_config.disable_compile = True
             name = "transformers static cache (torch.compile skipped on CPU)"
             notes.append(f"{name}: --quick on CPU skips the compile; the speedup column compares with this row.")
         by_len = sorted(prompts, key=len)
@@ -284,7 +291,7 @@ def run_hf(key, runner: HFRunner, prompts, batch_sizes, args, compile_on: bool) 
             rows.append(row)
         notes.append(
             f"{name}: `generation_config.cache_implementation=\"static\"`"
-            + (", `model.forward = torch.compile(model.forward, mode=\"reduce-overhead\", fullgraph=True)`"
+            + (", generate's automatic compile (`CompileConfig(fullgraph=True, mode=\"reduce-overhead\")`)"
                if compile_on else "")
             + "; warmed up before timing, for each batch size a timed call sees, on two generate calls (the longest "
             "prompts, then the shortest), so compilation and the dynamic-shape recompile stay out of the timing; "
@@ -353,15 +360,20 @@ def main() -> None:
     pad_id = pad_id if pad_id is not None else 0
     rows, notes, runner = [], [], None
     for key in setups:
-        if key in SPEC_SETUPS:
-            new = run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device, max_seq_len)
-        else:
-            if runner is None:
-                runner = HFRunner(target.path, dtype, device, new_tokens, pad_id)
-            new, extra = run_hf(key, runner, prompts, batch_sizes, args, hf_compile)
-            notes += extra
-            if key == "hf-compiled":  # later transformers setups get a fresh, uncompiled model
-                runner = None
+        try:
+            if key in SPEC_SETUPS:
+                new = run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device, max_seq_len)
+            else:
+                if runner is None:
+                    runner = HFRunner(target.path, dtype, device, new_tokens, pad_id)
+                new, extra = run_hf(key, runner, prompts, batch_sizes, args, hf_compile)
+                notes += extra
+        except Exception as err:  # one broken setup must not cost the others' rows
+            log(f"SETUP {key} FAILED: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+            notes.append(f"{key}: failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+            new = []
+        if key == "hf-compiled":  # later transformers setups get a fresh, uncompiled model
+            runner = None
         for r in new:
             rows.append(r)
             fill_comparisons(rows)

@@ -24,8 +24,8 @@ for what in "$@"; do
       run tests_lossless 70 python -m pytest -q -p no:cacheprovider -x tests/test_generate_lossless.py tests/test_ngram_decoding.py
       ;;
     cycle) run bench_cycle 240 python examples/bench_cycle.py --profile --out "$out/bench_cycle.jsonl" ;;
-    e2e) run bench_e2e 560 python examples/bench_e2e.py --out "$out/bench_e2e.jsonl" ;;
-    e2e32) run bench_e2e_fp32 560 python examples/bench_e2e.py --dtype float32 --hf-eager-prompts 2 \
+    e2e) run bench_e2e 470 python examples/bench_e2e.py --hf-eager-prompts 3 --out "$out/bench_e2e.jsonl" ;;
+    e2e32) run bench_e2e_fp32 130 python examples/bench_e2e.py --dtype float32 --hf-eager-prompts 2 --num-prompts 8 \
              --setups target-only eagle3-chain eagle3-tree mtp-chain ngram-chain hf-eager --out "$out/bench_e2e_fp32.jsonl" ;;
   esac
 done
