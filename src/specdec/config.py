@@ -30,6 +30,25 @@ def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
         raise ConfigError(f"{name}={value} is out of range; allowed: {rng}")
 
 
+def _check_number(name: str, value) -> float:
+    """`value` as a float, if it is a real number (int or float, never a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number (int or float), got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def _int_tuple(name: str, value) -> tuple:
+    """A list or tuple as a tuple; anything else (a bare int, a string, a set) is an error."""
+    if not isinstance(value, (tuple, list)):
+        raise ConfigError(f"{name} must be a tuple of ints or None, got {value!r} ({type(value).__name__})")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """What to compose (strategy names) and the engine's fixed capacities.
@@ -55,6 +74,7 @@ class SpecConfig:
     graph_batch_sizes: tuple[int, ...] | None = None  # batch buckets; None = 1, 2, 4, ... up to max_batch_size
     prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
     kv_lookahead_steps: int = 4  # KV blocks are reserved this many steps ahead of need
+    adaptive: bool = False  # per step, speculate only when the measured cost model says it pays
 
     def __post_init__(self) -> None:
         for name in ("drafter", "tree", "verifier"):
@@ -71,10 +91,17 @@ class SpecConfig:
             _check_int("num_kv_blocks", self.num_kv_blocks, 1)
         for name in ("compile", "cuda_graphs"):
             value = getattr(self, name)
-            if value not in ("auto", True, False) or isinstance(value, int) and not isinstance(value, bool):
+            if not (isinstance(value, bool) or (isinstance(value, str) and value == "auto")):
                 raise ConfigError(f"{name}={value!r} is not allowed; allowed: 'auto', True, False")
+        if not isinstance(self.plugin_options, dict):
+            raise ConfigError(
+                f"plugin_options must be a dict keyed by plugin name, got {self.plugin_options!r} "
+                f"({type(self.plugin_options).__name__})"
+            )
         _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
         _check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
+        if not isinstance(self.adaptive, bool):
+            raise ConfigError(f"adaptive must be True or False, got {self.adaptive!r} ({type(self.adaptive).__name__})")
         if self.graph_batch_sizes is not None:
             sizes = tuple(self.graph_batch_sizes) if isinstance(self.graph_batch_sizes, (tuple, list)) else None
             if not sizes:
@@ -108,7 +135,7 @@ class SpecConfig:
         _check_int("max_total_draft_tokens", self.max_total_draft_tokens, lo, hi)
 
         if self.layers_to_capture is not None:
-            layers = tuple(self.layers_to_capture)
+            layers = _int_tuple("layers_to_capture", self.layers_to_capture)
             for layer in layers:
                 if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
                     raise ConfigError(f"layers_to_capture entries must be ints >= 0, got {layer!r} in {layers}")
@@ -186,7 +213,15 @@ def resolve_capture_layers(num_layers: int, layers: tuple[int, ...] | None) -> t
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. `temperature=0` is greedy (argmax); other filters then do nothing."""
+    """Per-request sampling. `temperature=0` is greedy (argmax); other filters then do nothing.
+
+    Types are checked first (a message names the expected type: `temperature="0.7"` is "must
+    be a number", not "out of range"); bools are refused where numbers are meant. Numbers
+    are stored as floats. `stop_token_ids` takes a list or tuple of token ids, or one bare id
+    (`stop_token_ids=5` means `(5,)`). Ranges that depend on the model (`top_k` at most the
+    vocabulary, token ids inside it, lengths inside the context) are checked per request by
+    `specdec.validation.check_request`.
+    """
 
     temperature: float = 0.0  # >= 0; 0 = greedy
     top_k: int = 0  # >= 0; 0 = off
@@ -194,28 +229,42 @@ class SamplingParams:
     min_p: float = 0.0  # [0, 1]; 0 = off (keeps tokens with p >= min_p * p_max)
     seed: int | None = None  # per-request generator seed; None = engine generator
     max_new_tokens: int = 128  # >= 1; never exceeded
-    stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting any of these
+    stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting any of these (one bare id: a 1-tuple)
     ignore_eos: bool = False  # keep going past the tokenizer's EOS
+    num_draft_tokens: int | None = None  # this request's draft budget per step: None = the config's, 0 = none
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        t_float = _check_number("temperature", t)
+        if not math.isfinite(t_float) or t_float < 0:
             raise ConfigError(f"temperature={t!r} is out of range; allowed: finite and >= 0 (0 = greedy)")
         _check_int("top_k", self.top_k, 0)
         p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+        if not (0.0 < _check_number("top_p", p) <= 1.0):  # NaN fails too
             raise ConfigError(f"top_p={p!r} is out of range; allowed: (0, 1]")
         m = self.min_p
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not (0.0 <= m <= 1.0):
+        if not (0.0 <= _check_number("min_p", m) <= 1.0):
             raise ConfigError(f"min_p={m!r} is out of range; allowed: [0, 1]")
+        for name in ("temperature", "top_p", "min_p"):
+            object.__setattr__(self, name, float(getattr(self, name)))
         if self.seed is not None:
             _check_int("seed", self.seed, 0, 2**63 - 1)
         _check_int("max_new_tokens", self.max_new_tokens, 1)
-        stops = tuple(self.stop_token_ids)
+        if self.num_draft_tokens is not None:
+            _check_int("num_draft_tokens", self.num_draft_tokens, 0)
+        stops = self.stop_token_ids
+        if isinstance(stops, int) and not isinstance(stops, bool):
+            stops = (stops,)  # one bare token id
+        if not isinstance(stops, (tuple, list)):
+            raise ConfigError(
+                f"stop_token_ids must be a token id or a list/tuple of token ids, got {stops!r} ({type(stops).__name__})"
+            )
+        stops = tuple(stops)
         for tok in stops:
             if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
                 raise ConfigError(f"stop_token_ids entries must be token ids >= 0, got {tok!r}")
         object.__setattr__(self, "stop_token_ids", stops)
+        _check_bool("ignore_eos", self.ignore_eos)
 
     @property
     def greedy(self) -> bool:
