@@ -20,7 +20,8 @@ Weights: ``model.safetensors``, sharded safetensors (``model.safetensors.index.j
 Strict means: a missing or unexpected key, a wrong shape, ``d2t`` out of range or not
 injective, ``t2d`` that disagrees with ``d2t``, a multi-layer head, or (with
 `check_against_target`) a hidden size / vocabulary / layer count that does not fit the
-target is an `Eagle3CheckpointError` naming the value. Nothing is left at random init.
+target is an `Eagle3CheckpointError` naming the value, and so is a truncated or corrupt
+weight or config file (naming the file). Nothing is left at random init.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specdec.config import ConfigError
 from specdec.models.config import RopeConfig, _rope_from_hf
+from specdec.models.weight_files import open_safetensors, read_json
 
 from .capture_conventions import checkpoint_capture_layers, check_capture_layers
 from .eagle3_model import Eagle3Config, Eagle3Model
@@ -52,8 +54,10 @@ IGNORED_KEYS = frozenset({"verifier_norm.weight", "verifier_lm_head.weight"})  #
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
-class Eagle3CheckpointError(ValueError):
-    """The draft checkpoint is malformed or does not fit the target."""
+class Eagle3CheckpointError(ConfigError):
+    """The draft checkpoint is malformed, unreadable (truncated, corrupt) or does not fit the target.
+
+    A `ConfigError` (hence a `ValueError`): the message names the folder or file and the value."""
 
 
 # ---------------------------------------------------------------------------- config
@@ -203,18 +207,31 @@ def _weights_file(path: Path) -> Path:
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     file = _weights_file(path)
     if file.name == "pytorch_model.bin":
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle, zip and unpickler errors: the file is not a readable checkpoint
+            raise Eagle3CheckpointError(f"{file}: cannot read ({type(e).__name__}: {e}); it is truncated or corrupt") from None
         return dict(state.get("state_dict", state)) if isinstance(state, dict) else {}
-    files = [file]
-    if file.name.endswith(".index.json"):
-        index = json.loads(file.read_text())
-        files = [path / f for f in sorted(set(index["weight_map"].values()))]
     tensors = {}
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as st:
+    for f in _shards(path, file):
+        with open_safetensors(f, Eagle3CheckpointError) as st:
             for key in st.keys():
                 tensors[key] = st.get_tensor(key)
     return tensors
+
+
+def _shards(path: Path, file: Path) -> list[Path]:
+    """The safetensors files behind `file` (itself, or the shards its index lists, all present)."""
+    if not file.name.endswith(".index.json"):
+        return [file]
+    weight_map = read_json(file, Eagle3CheckpointError).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise Eagle3CheckpointError(f"{file}: no 'weight_map' object naming the shards")
+    shards = [path / f for f in sorted(set(map(str, weight_map.values())))]
+    missing = [s.name for s in shards if not s.is_file()]
+    if missing:
+        raise Eagle3CheckpointError(f"{file} lists shards that are not in {path}: {missing}")
+    return shards
 
 
 def _key_set(path: Path) -> tuple[set[str], int | None]:
@@ -224,12 +241,9 @@ def _key_set(path: Path) -> tuple[set[str], int | None]:
         tensors = _read_tensors(path)
         fc = tensors.get("fc.weight")
         return set(tensors), None if fc is None else fc.shape[-1]
-    files = [file]
-    if file.name.endswith(".index.json"):
-        files = [path / f for f in sorted(set(json.loads(file.read_text())["weight_map"].values()))]
     keys, fc_in = set(), None
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as st:
+    for f in _shards(path, file):
+        with open_safetensors(f, Eagle3CheckpointError) as st:
             for key in st.keys():
                 keys.add(key)
                 if key == "fc.weight":
@@ -248,7 +262,7 @@ def read_eagle3_config(path) -> Eagle3Config:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise Eagle3CheckpointError(f"{path}: no config.json; an EAGLE-3 checkpoint is a folder with config.json + weights")
-    cfg = json.loads(cfg_file.read_text())
+    cfg = read_json(cfg_file, Eagle3CheckpointError)
     keys, fc_in = _key_set(path)
     return _config_from_dict(cfg, fc_in, {_rename(k) for k in keys}, str(cfg_file))
 
@@ -312,7 +326,7 @@ def load_eagle3(path, *, device="cpu", dtype: torch.dtype = torch.float32, targe
     raw = _read_tensors(path)
     source = str(path)
     tensors = {_rename(k): v for k, v in raw.items() if k not in IGNORED_KEYS}
-    cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else None
+    cfg = read_json(path / "config.json", Eagle3CheckpointError) if (path / "config.json").exists() else None
     if cfg is None:
         raise Eagle3CheckpointError(f"{path}: no config.json")
     fc = tensors.get("fc.weight")

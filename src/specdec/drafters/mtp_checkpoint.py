@@ -22,7 +22,8 @@ makes each draft step's output projection V / Vd times cheaper.
 Weights: ``model.safetensors`` or shards listed in ``model.safetensors.index.json``.
 Strict means: a missing or unexpected key, a shape that disagrees with the config, or
 (with `check_against_target`) a hidden size / vocabulary that does not fit the target is an
-`MTPCheckpointError` naming it. Nothing is left at random init. `save_mtp` then
+`MTPCheckpointError` naming it, and so is a truncated or corrupt weight or config file
+(naming the file). Nothing is left at random init. `save_mtp` then
 `load_mtp` gives the same tensors bit for bit.
 """
 
@@ -34,10 +35,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specdec.config import ConfigError
 from specdec.models.config import RopeConfig, _rope_from_hf
+from specdec.models.weight_files import open_safetensors, read_json
 
 from .mtp_model import MTPConfig, MTPModel
 
@@ -63,8 +65,10 @@ FORMAT_VERSION = 1
 _MIMO_PREFIX = "model.mtp_layers."
 
 
-class MTPCheckpointError(ValueError):
-    """The MTP checkpoint is malformed or does not fit the target."""
+class MTPCheckpointError(ConfigError):
+    """The MTP checkpoint is malformed, unreadable (truncated, corrupt) or does not fit the target.
+
+    A `ConfigError` (hence a `ValueError`): the message names the folder or file and the value."""
 
 
 # --------------------------------------------------------------------------- files
@@ -72,10 +76,12 @@ def _weight_files(path: Path) -> dict[str, Path]:
     """Key -> safetensors file, for a single file or an index of shards (names only)."""
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map") or {}
-        return {key: path / name for key, name in weight_map.items()}
+        weight_map = read_json(index, MTPCheckpointError).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise MTPCheckpointError(f"{index}: no 'weight_map' object naming the shards")
+        return {key: path / str(name) for key, name in weight_map.items()}
     if single.exists():
-        with safe_open(str(single), framework="pt", device="cpu") as st:
+        with open_safetensors(single, MTPCheckpointError) as st:
             return {key: single for key in st.keys()}
     raise MTPCheckpointError(f"{path}: no weights; expected model.safetensors or model.safetensors.index.json")
 
@@ -89,8 +95,11 @@ def _read(files: dict[str, Path], keys: list[str]) -> dict[str, torch.Tensor]:
     for file, names in by_file.items():
         if not file.exists():
             raise MTPCheckpointError(f"{file}: shard listed in the index is missing")
-        with safe_open(str(file), framework="pt", device="cpu") as st:
+        with open_safetensors(file, MTPCheckpointError) as st:
+            stored = set(st.keys())
             for name in names:
+                if name not in stored:
+                    raise MTPCheckpointError(f"{file}: has no tensor {name!r}, which the index places in it")
                 out[name] = st.get_tensor(name)
     return out
 
@@ -101,7 +110,7 @@ def _config_json(path: Path) -> dict:
     file = path / "config.json"
     if not file.exists():
         raise MTPCheckpointError(f"{path}: no config.json")
-    return json.loads(file.read_text())
+    return read_json(file, MTPCheckpointError)
 
 
 def detect_layout(path) -> str:
@@ -352,7 +361,7 @@ def load_draft_vocab(path, *, vocab_size: int | None = None) -> torch.Tensor | N
         if path.is_dir():
             return None
         raise MTPCheckpointError(f"{file}: no such draft vocabulary file")
-    with safe_open(str(file), framework="pt") as f:
+    with open_safetensors(file, MTPCheckpointError) as f:
         keys = set(f.keys())
         if keys != {"target_ids"}:
             raise MTPCheckpointError(f"{file}: expected the single key 'target_ids', found {sorted(keys)}")

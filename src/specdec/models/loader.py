@@ -5,27 +5,33 @@ weights with safetensors (one file, or shards listed in `model.safetensors.index
 renames/fuses them into `DecoderLM` parameters (q/k/v -> qkv_proj, gate/up -> gate_up_proj),
 ties embeddings when the config says so, and loads the tokenizer when the folder has one.
 A GGUF path is first converted once to a cached HF folder (`gguf.py`). Missing weights are
-an error naming them; unknown weights are an error too (nothing is silently dropped).
+an error naming them; unknown weights are an error too (nothing is silently dropped); a
+truncated or corrupt weight or config file is a `CheckpointError` naming the file.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from ..config import ConfigError
 from ..strategies import TargetInfo
 from .config import ModelConfig
 from .llama import DecoderLM
+from .weight_files import open_safetensors, read_json
 
-__all__ = ["Target", "load_target", "load_state_dict"]
+__all__ = ["CheckpointError", "Target", "load_target", "load_state_dict"]
 
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # older checkpoints saved this buffer
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+class CheckpointError(ConfigError):
+    """A target checkpoint's file is unreadable (truncated, corrupt) or its weights do not fit
+    its config (missing, unknown, wrong shape). A `ConfigError` (hence a `ValueError`)."""
 
 
 @dataclass
@@ -51,7 +57,8 @@ def load_target(path, *, device="cpu", dtype: torch.dtype = torch.float32, attn_
         attn_impl: attention implementation passed to `specdec.runtime.attention`.
     Raises:
         UnsupportedModelError: the config's model_type (or an option) is not supported.
-        FileNotFoundError / ValueError: missing files, missing or unknown weights.
+        FileNotFoundError: no config.json / no weights / a listed shard is absent.
+        CheckpointError: a truncated or corrupt file (named), missing, unknown or misshapen weights.
     """
     path = Path(path).expanduser()
     if path.suffix == ".gguf":
@@ -62,12 +69,13 @@ def load_target(path, *, device="cpu", dtype: torch.dtype = torch.float32, attn_
         raise FileNotFoundError(f"{path} is neither a .gguf file nor a folder with config.json")
     from transformers import AutoConfig
 
+    read_json(path / "config.json", CheckpointError)  # names the file; transformers' own message does not say why
     hf_config = AutoConfig.from_pretrained(str(path))
     config = ModelConfig.from_hf(hf_config)
     eos = set(config.eos_token_ids)
     gen_path = path / "generation_config.json"
     if gen_path.is_file():
-        gen_eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        gen_eos = read_json(gen_path, CheckpointError).get("eos_token_id")
         eos.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
 
     device = torch.device(device)
@@ -97,7 +105,10 @@ def load_target(path, *, device="cpu", dtype: torch.dtype = torch.float32, attn_
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index, CheckpointError).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no 'weight_map' object naming the shards")
+        shards = sorted(set(map(str, weight_map.values())))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise FileNotFoundError(f"{index} lists shards that are not in {folder}: {missing}")
@@ -143,7 +154,7 @@ def load_state_dict(model: DecoderLM, folder: Path, *, device=None) -> None:
             expected[(pname, c)] = False
     unknown = []
     for file in _weight_files(folder):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with open_safetensors(file, CheckpointError) as f:
             for name in f.keys():
                 if _IGNORED.search(name):
                     continue
@@ -160,11 +171,11 @@ def load_state_dict(model: DecoderLM, folder: Path, *, device=None) -> None:
                     lo, hi = chunk_rows[fused][c], chunk_rows[fused][c + 1]
                     dst = dst[lo:hi]
                 if tuple(src.shape) != tuple(dst.shape):
-                    raise ValueError(f"{file.name}: {name} has shape {tuple(src.shape)}; the config implies {tuple(dst.shape)}")
+                    raise CheckpointError(f"{file}: {name} has shape {tuple(src.shape)}; the config implies {tuple(dst.shape)}")
                 dst.copy_(src.to(dst.dtype))
                 expected[(ours, c)] = True
     if unknown:
-        raise ValueError(f"{folder}: weights this {cfg.model_type} config does not use: {unknown[:8]}{' ...' if len(unknown) > 8 else ''}")
+        raise CheckpointError(f"{folder}: weights this {cfg.model_type} config does not use: {unknown[:8]}{' ...' if len(unknown) > 8 else ''}")
     missing = [f"{n}[{c}]" if c >= 0 else n for (n, c), seen in expected.items() if not seen]
     if missing:
-        raise ValueError(f"{folder}: missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        raise CheckpointError(f"{folder}: missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
