@@ -8,6 +8,7 @@ the plugins through `registry.resolve`.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -15,9 +16,11 @@ from dataclasses import dataclass, field
 import pluggy
 import torch
 
+from .chat import encode_conversation, is_conversation
 from .config import ConfigError, SamplingParams, SpecConfig
 from .engine import SpecEngine
 from .registry import resolve
+from .validation import check_device, check_dtype
 
 __all__ = ["SpecDecoder", "GenerationResult", "GenerationStats"]
 
@@ -29,6 +32,17 @@ def _knob(name: str, value, device: torch.device) -> bool:
     if name == "cuda_graphs" and value and device.type != "cuda":
         raise ConfigError(f"cuda_graphs=True needs a CUDA target; the target is on {device} (use 'auto' or False)")
     return bool(value)
+
+def _as_int(token):
+    """An integer-like token id (int, numpy int, 0-d integer tensor) as an int; anything else as it is."""
+    if isinstance(token, bool):
+        return token
+    if isinstance(token, numbers.Integral):
+        return int(token)
+    if isinstance(token, torch.Tensor) and token.dim() == 0 and not token.dtype.is_floating_point and token.dtype != torch.bool:
+        return int(token)
+    return token
+
 
 WEAK_DRAFTER_MIN_STEPS = 32  # judge a drafter only after this many steps in one generate()
 WEAK_DRAFTER_MAX_ACCEPTED = 0.05  # warn below this many accepted draft tokens per step
@@ -122,29 +136,76 @@ class SpecDecoder:
         """Load `target` (HF folder, .gguf, or an already loaded `Target`) and compose it with a drafter.
 
         `draft` is the drafter's checkpoint (path or model object); it is handed to the drafter
-        plugin as `config.plugin_options[config.drafter]["checkpoint"]`.
+        plugin as `config.plugin_options[config.drafter]["checkpoint"]`. A draft given to a
+        drafter that runs no model (`drafter_caps.modules` empty, e.g. target-only or n-gram
+        drafting) is an error, never silently ignored. `device` ("cpu", "cuda", "cuda:N") and
+        `dtype` (a torch dtype or its name) are checked before anything loads.
         """
         from .models import load_target
 
-        config = config or SpecConfig()
+        config = SpecConfig() if config is None else config
+        if not isinstance(config, SpecConfig):
+            raise ConfigError(f"config must be a SpecConfig, got {type(config).__name__}")
         if not hasattr(target, "model"):
-            target = load_target(target, device=device, dtype=dtype)
+            target = load_target(target, device=check_device(device), dtype=check_dtype(dtype))
         if draft is not None:
             options = dict(config.plugin_options)
             options[config.drafter] = {**options.get(config.drafter, {}), "checkpoint": draft}
             config = dataclasses.replace(config, plugin_options=options)
-        return cls(target, config, pm=pm, seed=seed)
+        decoder = cls(target, config, pm=pm, seed=seed)
+        if draft is not None and not decoder.strategies.drafter_caps.modules:
+            raise ConfigError(
+                f"a draft checkpoint ({draft!s}) was given, but drafter={config.drafter!r} runs no model and would "
+                "ignore it; name the drafter that loads it (e.g. SpecConfig(drafter=...), see `specdec plugins`) "
+                "or leave draft=None"
+            )
+        return decoder
 
     # ------------------------------------------------------------------ generate
-    def _encode(self, prompt) -> list[int]:
+    def _encode(self, prompt, index: int | None = None) -> list[int]:
+        """A prompt's token ids: a conversation (a list of {"role", "content"} dicts) through the
+        target's chat template, a string through its tokenizer (a completion), a 1-D integer
+        tensor or a list of ids as they are. Integer-like ids (numpy ints) become ints; other
+        entries are kept, for `check_request` to name. Errors name the prompt's `index`."""
+        where = "" if index is None else f"prompt {index}: "
+        tok = self.target.tokenizer
+        if is_conversation(prompt):
+            return encode_conversation(tok, prompt, index=index)
         if isinstance(prompt, str):
-            tok = self.target.tokenizer
             if tok is None:
-                raise ConfigError("string prompts need a target with a tokenizer; pass token-id lists")
+                raise ConfigError(where + "string prompts need a target with a tokenizer; pass token-id lists")
             return list(tok(prompt, add_special_tokens=False)["input_ids"])
         if isinstance(prompt, torch.Tensor):
+            if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+                raise ConfigError(where + f"a tensor prompt must hold integer token ids, got dtype {prompt.dtype}")
+            if prompt.dim() > 2 or (prompt.dim() == 2 and prompt.shape[0] != 1):
+                raise ConfigError(where + f"a tensor prompt must be [T] or [1, T], got shape {tuple(prompt.shape)}")
             return [int(t) for t in prompt.reshape(-1).tolist()]
-        return [int(t) for t in prompt]
+        if not isinstance(prompt, (list, tuple)):
+            raise ConfigError(
+                where + "a prompt must be a string, a conversation (list of {'role', 'content'} dicts), a list of "
+                f"token ids or a 1-D integer tensor, got {type(prompt).__name__}"
+            )
+        return [_as_int(t) for t in prompt]
+
+    def chat(self, conversations, sampling: SamplingParams | list[SamplingParams] | None = None, **kwargs):
+        """Answer one conversation (a list of {"role", "content"} dicts) or a list of them,
+        through the target tokenizer's chat template (with the assistant's generation prompt).
+
+        Every conversation is encoded and checked before any runs; then this is `generate` on
+        their token ids (same `sampling` and keyword arguments, results in input order).
+        Raises `ConfigError` without a tokenizer or chat template, or for a malformed message.
+        """
+        if is_conversation(conversations):
+            conversations = [conversations]
+        if not isinstance(conversations, (list, tuple)) or not conversations:
+            raise ConfigError(
+                f"chat() needs a conversation (a list of {{'role', 'content'}} dicts) or a list of them, got {conversations!r}"
+            )
+        many = len(conversations) > 1
+        tok = self.target.tokenizer
+        encoded = [encode_conversation(tok, c, index=i if many else None) for i, c in enumerate(conversations)]
+        return self.generate(encoded, sampling, **kwargs)
 
     def generate(self, prompts, sampling: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
         """Generate for a batch of prompts (token-id lists, or strings with a tokenizer).
@@ -152,8 +213,15 @@ class SpecDecoder:
         `sampling` is one `SamplingParams` for all, or one per prompt. At most
         `config.max_batch_size` prompts per call; every prompt is checked before any runs.
         """
-        if isinstance(prompts, (str, torch.Tensor)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        if isinstance(prompts, (str, torch.Tensor)) or is_conversation(prompts) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # one prompt
+        if not isinstance(prompts, (list, tuple)):
+            raise ConfigError(
+                "prompts must be a prompt (string, conversation, token ids, tensor) or a list of them, "
+                f"got {type(prompts).__name__}"
+            )
         prompts = list(prompts)
         if not prompts:
             raise ConfigError("generate() needs at least one prompt")
@@ -163,7 +231,7 @@ class SpecDecoder:
         params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
         if len(params) != len(prompts):
             raise ConfigError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one or one each")
-        encoded = [self._encode(p) for p in prompts]
+        encoded = [self._encode(p, i if len(prompts) > 1 else None) for i, p in enumerate(prompts)]
         engine = self.engine
         for i, ids in enumerate(encoded):  # validate everything before touching the engine
             engine.check_request(ids, params[i])

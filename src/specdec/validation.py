@@ -12,9 +12,48 @@ Every failure is a `ConfigError` naming the value and the allowed range, prefixe
 
 from __future__ import annotations
 
+import torch
+
 from .config import ConfigError, SamplingParams
 
-__all__ = ["check_request", "model_context_length"]
+__all__ = ["DTYPES", "check_device", "check_dtype", "check_request", "model_context_length"]
+
+DTYPES = ("float32", "bfloat16", "float16")  # parameter dtypes a target can be loaded in
+
+
+def check_device(device) -> torch.device:
+    """`device` (a `torch.device` or a string such as "cpu", "cuda", "cuda:1") if it exists here.
+
+    Raises:
+        ConfigError: not a device name, CUDA asked for without CUDA, or a CUDA index past the
+            devices present.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device={device!r} is not a device; allowed: 'cpu', 'cuda', 'cuda:N'") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r} needs CUDA, which this machine (or this torch build) lacks; use 'cpu'")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device={device!r} is out of range; allowed: cuda:0 .. cuda:{count - 1}")
+    elif dev.type != "cpu":
+        raise ConfigError(f"device={device!r} is not supported; allowed: 'cpu', 'cuda', 'cuda:N'")
+    return dev
+
+
+def check_dtype(dtype) -> torch.dtype:
+    """`dtype` (a `torch.dtype` or its name, "bfloat16" / "torch.bfloat16") if a target can use it.
+
+    Raises:
+        ConfigError: naming the value and the allowed dtypes (`DTYPES`).
+    """
+    name = dtype if isinstance(dtype, str) else str(dtype)
+    name = name.removeprefix("torch.")
+    if not isinstance(dtype, (str, torch.dtype)) or name not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not allowed; allowed: {list(DTYPES)}")
+    return getattr(torch, name)
 
 
 def model_context_length(target) -> int | None:
