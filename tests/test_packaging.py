@@ -6,8 +6,11 @@ Checked on pyproject.toml itself; a real build is `pip wheel . --no-deps` (no wa
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib (reading pyproject.toml) is in the standard library from Python 3.11")
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
