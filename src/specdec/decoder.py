@@ -51,14 +51,51 @@ WEAK_DRAFTER_MAX_ACCEPTED = 0.05  # warn below this many accepted draft tokens p
 @dataclass
 class GenerationStats:
     """steps: target forwards after prefill; accepted_per_step: draft tokens accepted each step;
-    mean_accept_length: tokens emitted per target forward (prefill's first token excluded)."""
+    mean_accept_length: tokens emitted per target forward (prefill's first token excluded),
+    None for a request that ended on its first token (no step ran);
+    finish_reason: "stop", "eos", "length", "aborted" or "error" (then `error` says why);
+    acceptance_by_depth: for d = 1, 2, ...: of the steps that verified a draft at depth d,
+    the share that accepted it (the per-depth acceptance histogram);
+    preemptions: times the request was preempted for KV blocks (its KV recomputed)."""
 
     steps: int
     accepted_per_step: list[int]
-    mean_accept_length: float
+    mean_accept_length: float | None
     lossless: bool  # the verifier provably preserves the target's output
     finish_reason: str | None
     seconds: float = 0.0
+    error: str | None = None
+    acceptance_by_depth: list[float] = field(default_factory=list)
+    preemptions: int = 0
+
+
+def acceptance_by_depth(accepted: list[int], budgets: list[int]) -> list[float]:
+    """Share of steps that accepted depth d among the steps whose budget reached depth d."""
+    depth = max(budgets, default=0)
+    rates = []
+    for d in range(1, depth + 1):
+        tried = sum(1 for b in budgets if b >= d)
+        rates.append(sum(1 for a, b in zip(accepted, budgets) if b >= d and a >= d) / tried if tried else 0.0)
+    return rates
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _progress_bar(total: int, show: bool):
+    if not show:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="generate", unit="request")
 
 
 @dataclass
@@ -207,12 +244,8 @@ class SpecDecoder:
         encoded = [encode_conversation(tok, c, index=i if many else None) for i, c in enumerate(conversations)]
         return self.generate(encoded, sampling, **kwargs)
 
-    def generate(self, prompts, sampling: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
-        """Generate for a batch of prompts (token-id lists, or strings with a tokenizer).
-
-        `sampling` is one `SamplingParams` for all, or one per prompt. At most
-        `config.max_batch_size` prompts per call; every prompt is checked before any runs.
-        """
+    def _prepare(self, prompts, sampling) -> tuple[list[list[int]], list[SamplingParams]]:
+        """Prompts (one or many) and their params, encoded and checked, each error naming its prompt."""
         if isinstance(prompts, (str, torch.Tensor)) or is_conversation(prompts) or (
             isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
         ):
@@ -225,34 +258,128 @@ class SpecDecoder:
         prompts = list(prompts)
         if not prompts:
             raise ConfigError("generate() needs at least one prompt")
-        if len(prompts) > self.config.max_batch_size:
-            raise ConfigError(f"{len(prompts)} prompts exceed max_batch_size={self.config.max_batch_size}")
         sampling = sampling or SamplingParams()
         params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
         if len(params) != len(prompts):
             raise ConfigError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one or one each")
         encoded = [self._encode(p, i if len(prompts) > 1 else None) for i, p in enumerate(prompts)]
-        engine = self.engine
         for i, ids in enumerate(encoded):  # validate everything before touching the engine
-            engine.check_request(ids, params[i])
-        if not engine.warmed and (self.compiled or self.cuda_graphs):
+            self.engine.check_request(ids, params[i], index=i if len(encoded) > 1 else None)
+        return encoded, params
+
+    def _submit(self, encoded, params):
+        if not self.engine.warmed and (self.compiled or self.cuda_graphs):
             self.warmup(progress=False)
+        return [self.engine.submit(ids, p) for ids, p in zip(encoded, params)]
+
+    def generate(
+        self,
+        prompts,
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        progress: bool | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for any number of prompts (token-id lists, or strings with a tokenizer).
+
+        `sampling` is one `SamplingParams` for all, or one per prompt; every prompt is checked
+        before any runs. Requests run `max_batch_size` at a time with continuous batching (a
+        finished request's slot takes the next waiting prompt between steps). Results come in
+        input order; `progress` shows a bar (default: when there are more prompts than slots).
+        A request whose prefill or step failed comes back with `finish_reason="error"`; an
+        interrupt (Ctrl-C) aborts the call's requests, releases everything and is re-raised.
+        """
+        encoded, params = self._prepare(prompts, sampling)
+        requests = self._submit(encoded, params)
+        show = len(requests) > self.config.max_batch_size if progress is None else progress
         start = time.perf_counter()
-        requests = [engine.add_request(ids, p) for ids, p in zip(encoded, params)]
-        engine.run_until_done()
+        try:
+            with _progress_bar(len(requests), show) as bar:
+                while any(not r.finished for r in requests):
+                    done = sum(r.finished for r in requests)
+                    self.engine.run_iteration()
+                    bar.update(sum(r.finished for r in requests) - done)
+        except BaseException:
+            for request in requests:
+                self.engine.abort(request)
+            raise
         seconds = time.perf_counter() - start
-        lossless = self.strategies.verifier_caps.lossless
-        results = []
-        for ids, req in zip(encoded, requests):
-            steps = len(req.accepted_per_step)
-            emitted_after_prefill = len(req.token_ids) - 1
-            mean = emitted_after_prefill / steps if steps else float("nan")
-            stats = GenerationStats(steps, list(req.accepted_per_step), mean, lossless, req.finish_reason, seconds)
-            tok = self.target.tokenizer
-            text = tok.decode(req.token_ids, skip_special_tokens=True) if tok is not None else None
-            results.append(GenerationResult(req.token_ids, text, stats, ids))
+        results = [self._result(r, ids, seconds) for ids, r in zip(encoded, requests)]
         self._warn_if_drafts_are_never_accepted(requests)
+        failed = [f"prompt {i}: {r.error}" for i, r in enumerate(requests) if r.finish_reason == "error"]
+        if failed:
+            warnings.warn(f"{len(failed)} request(s) failed: " + "; ".join(failed[:3]), stacklevel=2)
         return results
+
+    def stream(self, prompts, sampling: SamplingParams | list[SamplingParams] | None = None):
+        """Like `generate`, but yields a `StreamDelta` per request each time a step hands it
+        tokens (index = the prompt's position in the call), its last one with the finish reason.
+        Closing the generator early aborts the requests it still had running."""
+        from .streaming import IncrementalDetokenizer, StreamDelta
+
+        encoded, params = self._prepare(prompts, sampling)
+        requests = self._submit(encoded, params)
+        index = {r.id: i for i, r in enumerate(requests)}
+        sent = [0] * len(requests)
+        detok = [IncrementalDetokenizer(self.target.tokenizer) for _ in requests]
+        try:
+            while any(not r.finished for r in requests):
+                for r in self.engine.run_iteration():
+                    i = index.get(r.id)
+                    if i is None:
+                        continue
+                    new = r.token_ids[sent[i]:]
+                    sent[i] = len(r.token_ids)
+                    if new or r.finished:
+                        text = detok[i].push(new, final=r.finished)
+                        yield StreamDelta(i, new, text, r.finish_reason if r.finished else None, r.error)
+        finally:
+            for request in requests:
+                self.engine.abort(request)
+
+    async def astream(self, prompts, sampling: SamplingParams | list[SamplingParams] | None = None):
+        """`stream` for asyncio code: the engine runs in a background thread (`AsyncEngine`, started
+        on first use and shared by every coroutine), so many callers batch together."""
+        import asyncio
+
+        encoded, params = self._prepare(prompts, sampling)
+        engine = self.async_engine()
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int):
+            async for delta in engine.stream(encoded[i], params[i], index=i):
+                await merged.put(delta)
+
+        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(encoded))]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                delta = await merged.get()
+                remaining -= delta.finish_reason is not None
+                yield delta
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def async_engine(self):
+        """The decoder's `AsyncEngine` (started on first use)."""
+        from .async_engine import AsyncEngine
+
+        if getattr(self, "_async", None) is None:
+            self._async = AsyncEngine(self).start()
+        return self._async
+
+    def _result(self, req, ids: list[int], seconds: float) -> GenerationResult:
+        steps = len(req.accepted_per_step)
+        emitted_after_prefill = len(req.token_ids) - 1
+        mean = emitted_after_prefill / steps if steps else None
+        tok = self.target.tokenizer
+        text = tok.decode(req.token_ids, skip_special_tokens=True) if tok is not None else None
+        stats = GenerationStats(
+            steps, list(req.accepted_per_step), mean, self.strategies.verifier_caps.lossless, req.finish_reason,
+            seconds, error=req.error, acceptance_by_depth=acceptance_by_depth(req.accepted_per_step, req.budget_per_step),
+            preemptions=req.preemptions,
+        )
+        return GenerationResult(req.token_ids, text, stats, ids)
 
     def _warn_if_drafts_are_never_accepted(self, requests) -> None:
         """A drafter that proposes but almost never gets a token accepted is usually a head

@@ -2,11 +2,14 @@
 
 The step itself is `specdec.step.DeviceStep`, one device function over the fixed-capacity
 `StepState` (B = max_batch_size slots x N tree slots). The engine keeps only what must
-happen on the host:
+happen on the host, one `run_iteration` at a time (continuous batching):
 
-- admitting a request: validation, a free slot (the lowest, so live slots stay packed at
-  the front and the batch bucket stays small), chunked prefill of its prompt
-  (`config.prefill_chunk_size` tokens per forward), the first token;
+- admission: submitted requests wait in a queue (`submit`); between steps the oldest
+  waiting ones take free slots (the lowest, so live slots stay packed at the front and the
+  batch bucket stays small) when the KV pool can back their prompt;
+- chunked prefill (`config.prefill_chunk_size` tokens per forward): while other requests
+  are running, one chunk per iteration, so a new prompt never stalls them for longer than
+  one chunk; then the first token;
 - reserving KV blocks ahead of need (`config.kv_lookahead_steps` steps ahead, one
   asynchronous pinned copy of the block tables per step, never inside the device step);
 - host drafters (n-gram): drafting between steps from the hand-off lists;
@@ -15,7 +18,12 @@ happen on the host:
   function;
 - the token hand-off: exactly one device-to-host copy per step (accepted lengths and tokens
   together, into pinned memory) and one wait on it, after which stops, EOS and
-  `max_new_tokens` are applied.
+  `max_new_tokens` are applied;
+- failures: an exception in a request's prefill fails that request; one in a step fails
+  the requests of that step; either way their slots, KV blocks and drafter state are
+  released and every other request goes on. A KV pool that runs short is not a failure: the
+  youngest running request is preempted (its KV dropped, recomputed when it is admitted
+  again) and every request still ends with exactly its solo output.
 
 It knows nothing about model internals: the target is a `TargetRunner` (below).
 """
@@ -24,18 +32,24 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from collections import deque
+
 from .config import ConfigError, SamplingParams, SpecConfig
 from .ops import sample_from_probs, sampling_probs
 from .ops.random import STREAM_FIRST_TOKEN, counter_uniforms
+from .adaptive import AdaptivePolicy, CostModel
 from .registry import Strategies
+from .request import FINISHED, PREFILLING, RUNNING, WAITING, RequestState
+from .runtime.kv_cache import KVCacheError
 from .step import DeviceStep, StepState
 from .strategies import TargetInfo
 from .types import TreeMeta
+from .validation import check_request
 
 __all__ = ["SpecEngine", "TargetRunner", "RequestState", "StepObserver", "WarmupReport"]
 
@@ -81,21 +95,6 @@ class StepObserver(Protocol):
     """Host-side per-step observer (metrics, tracing); runs after the step's hand-off."""
 
     def on_step(self, engine: "SpecEngine", accept_length: list[int]) -> None: ...
-
-
-@dataclass
-class RequestState:
-    """Host-side record of one request."""
-
-    slot: int
-    prompt: list[int]
-    params: SamplingParams
-    token_ids: list[int] = field(default_factory=list)
-    accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted each step
-    finished: bool = False
-    finish_reason: str | None = None  # "stop", "eos" or "length"
-    committed: int = 0  # tokens with target KV (host copy of StepState.committed_len)
-    max_positions: int = 0  # the most positions it can ever need (prompt + new + lookahead)
 
 
 @dataclass
@@ -156,108 +155,236 @@ class SpecEngine:
         self.buckets = config.batch_buckets
         self.state = StepState.allocate(B, N, runner.hidden_width, device=self.device, hidden_dtype=runner.dtype)
         self.device_step = DeviceStep(strategies, runner, compiled=compiled)
+        # adaptive speculation: a plain step beside the speculative one, chosen per step by measured cost
+        self.adaptive = bool(config.adaptive) and N > 1
+        self.plain_step = DeviceStep(strategies, runner, compiled=compiled, plain=True) if self.adaptive else None
+        self.costs = CostModel()
+        self.policy = AdaptivePolicy(self.costs, N) if self.adaptive else None
         pin = self.device.type == "cuda"
         self._handoff_host = torch.zeros(B, N + 1, dtype=torch.int64, pin_memory=pin)  # [B, N + 1]
         self._handoff_event = torch.cuda.Event() if pin else None
-        self.requests: list[RequestState | None] = [None] * B
+        self.slots: list[RequestState | None] = [None] * B  # the request holding each slot
+        self.waiting: deque[RequestState] = deque()  # submitted, not admitted (oldest first)
+        self.touched: list[RequestState] = []  # requests with new tokens or a finish this iteration
+        self._next_id = 0
+        self._admissions = 0
         self.eos_token_ids = tuple(runner.info.eos_token_ids)
+        self.pool_positions = getattr(runner, "pool_positions", None)  # None = unbounded (test runners)
+        self.model_context = getattr(runner, "model_context", None)  # the model's max_position_embeddings
+        self.chain = config.tree == "linear"
+        self.last_step_seconds = 0.0
         # host copies the host drafter reads: last step's emitted tokens per slot
         self._last_accept = [-1] * B
         self._last_tokens: list[list[int]] = [[] for _ in range(B)]
         self._roots = [0] * B
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (bucket, speculative) -> graph
         self.capture_count = 0
         self.warmed = False
         self.check_syncs = False  # CUDA: fail on any host sync inside the device part (tests)
 
     # ------------------------------------------------------------------ requests
+    @property
+    def requests(self) -> list[RequestState | None]:
+        """The request holding each slot (None = free); waiting requests hold none."""
+        return self.slots
+
     def free_slots(self) -> list[int]:
-        return [s for s, r in enumerate(self.requests) if r is None]
+        return [s for s, r in enumerate(self.slots) if r is None]
+
+    def running(self) -> list[RequestState]:
+        return [r for r in self.slots if r is not None and r.status == RUNNING]
 
     def has_work(self) -> bool:
-        return any(r is not None for r in self.requests)
+        return bool(self.waiting) or any(r is not None for r in self.slots)
 
-    def check_request(self, prompt: list[int], params: SamplingParams) -> None:
-        """Raise `ConfigError` if `prompt` / `params` cannot run; touches no state."""
-        if not isinstance(params, SamplingParams):
-            raise ConfigError(f"sampling must be a SamplingParams, got {type(params).__name__}")
-        if self.strategies.verifier_caps.greedy_only and not params.greedy:
-            raise ConfigError(
-                f"temperature={params.temperature} needs a sampling verifier; this verifier decodes greedily "
-                "(use verifier='target-only' or 'speculative', or temperature=0)"
-            )
-        if len(prompt) == 0:
-            raise ConfigError("prompt is empty; a request needs at least one token")
-        vocab = self.runner.info.vocab_size
-        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise ConfigError(f"prompt token ids {bad[:5]} are out of range; allowed: [0, {vocab})")
+    def check_request(self, prompt: list[int], params: SamplingParams, index: int | None = None) -> None:
+        """Raise `ConfigError` if `prompt` / `params` cannot run (`validation.check_request`, plus
+        the KV pool and draft-budget rules of this engine); touches no state."""
+        check_request(
+            prompt, params, vocab_size=self.runner.info.vocab_size, max_seq_len=self.config.max_seq_len,
+            max_positions=self.model_context, lookahead=self.lookahead,
+            greedy_only=self.strategies.verifier_caps.greedy_only, index=index,
+        )
+        where = "" if index is None else f"prompt {index}: "
         need = len(prompt) + params.max_new_tokens + self.lookahead
-        if need > self.config.max_seq_len:
+        if self.pool_positions is not None and need > self.pool_positions:
             raise ConfigError(
-                f"prompt of {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} + "
-                f"{self.lookahead} positions drafted ahead = {need} exceeds max_seq_len={self.config.max_seq_len}"
+                where + f"the request needs {need} KV positions but the whole pool holds {self.pool_positions} "
+                "(num_kv_blocks * kv_block_size); raise num_kv_blocks"
             )
+        budget = params.num_draft_tokens
+        if (budget not in (None, 0) and budget < self.num_slots_tree - 1 and self.strategies.drafter_caps.samples_drafts
+                and not self.chain):
+            raise ConfigError(
+                where + f"num_draft_tokens={budget}: a sampled draft tree keeps whole sibling groups, so with "
+                f"verifier={self.config.verifier!r} and tree={self.config.tree!r} a request drafts all "
+                f"{self.num_slots_tree - 1} tokens or none (num_draft_tokens None or 0)"
+            )
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> RequestState:
+        """Queue a request (checked first); it is admitted between steps when a slot and KV are free."""
+        self.check_request(prompt, params)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        full = self.num_slots_tree - 1
+        budget = full if params.num_draft_tokens is None else min(params.num_draft_tokens, full)
+        request = RequestState(
+            id=self._next_id, prompt=list(prompt), params=params, seed=seed, budget=budget,
+            max_positions=len(prompt) + params.max_new_tokens + self.lookahead,
+        )
+        self._next_id += 1
+        self.waiting.append(request)
+        return request
 
     @torch.inference_mode()
     def add_request(self, prompt: list[int], params: SamplingParams) -> RequestState:
-        """Prefill `prompt` into the lowest free slot (in chunks) and sample its first token."""
+        """Submit and admit now: prefill `prompt` into the lowest free slot and sample its first token."""
         self.check_request(prompt, params)
-        free = self.free_slots()
-        if not free:
+        if not self.free_slots():
             raise ConfigError(f"all {self.config.max_batch_size} request slots are busy (max_batch_size)")
-        slot = free[0]
-        L = len(prompt)
-        request = RequestState(slot=slot, prompt=list(prompt), params=params, committed=L,
-                               max_positions=L + params.max_new_tokens + self.lookahead)
-        self.runner.reserve(slot, min(L + self.lookahead * (1 + self.config.kv_lookahead_steps), request.max_positions))
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self.generator))
-        self._set_sampling(slot, params, seed)
-        first = self._prefill(slot, torch.tensor(prompt, dtype=torch.int64, device=self.device))
+        request = self.submit(prompt, params)
+        self.waiting.remove(request)
+        self.waiting.appendleft(request)
+        if not self._admit_one():
+            self.waiting.remove(request)
+            raise KVCacheError(f"the KV pool cannot back a prompt of {len(prompt)} tokens now; free finished requests")
+        while request.status == PREFILLING:
+            self._prefill_step(request)
+        return request
+
+    def abort(self, request: RequestState) -> None:
+        """Stop a request now (finish reason "aborted"), releasing its slot, blocks and drafter state."""
+        if request.status == FINISHED:
+            return
+        if request.status == WAITING:
+            self.waiting.remove(request)
+        self._finish(request, "aborted")
+
+    def abort_all(self, reason: str = "aborted", error: str | None = None) -> None:
+        """End every unfinished request (an interrupt, a failed step): nothing stays held."""
+        for request in list(self.waiting) + [r for r in self.slots if r is not None]:
+            if request.status == WAITING:
+                self.waiting.remove(request)
+            self._finish(request, reason, error)
+
+    # ------------------------------------------------------------------ the loop
+    @torch.inference_mode()
+    def run_iteration(self) -> list[RequestState]:
+        """Admit, advance prefills, run one step; returns the requests that got tokens or finished."""
+        self.touched = []
+        self._admit()
+        self._advance_prefills()
+        if self.running():
+            try:
+                self.step()
+            except Exception as err:  # the step's requests fail; everything else goes on
+                self._fail(self.running(), err)
+        return self.touched
+
+    def run_until_done(self, max_steps: int | None = None) -> None:
+        steps = 0
+        while self.has_work():
+            if max_steps is not None and steps >= max_steps:
+                raise RuntimeError(f"requests still running after max_steps={max_steps}")
+            self.run_iteration()
+            steps += 1
+
+    # ------------------------------------------------------------------ admission and prefill
+    def _admit(self) -> None:
+        while self.waiting and self.free_slots() and self._admit_one():
+            pass
+
+    def _admit_one(self) -> bool:
+        """The oldest waiting request takes the lowest free slot, if the pool can back its prompt."""
+        request, slot = self.waiting[0], self.free_slots()[0]
+        L = len(request.prefill_tokens)
+        ahead = self.lookahead * (1 + self.config.kv_lookahead_steps)
+        try:
+            self.runner.reserve(slot, min(L + ahead, request.max_positions))
+        except KVCacheError:
+            try:  # at least what the prompt and its first step need
+                self.runner.reserve(slot, min(L + self.lookahead, request.max_positions))
+            except KVCacheError:
+                self.runner.free(slot)
+                return False  # waits until finished requests give blocks back
+        self.waiting.popleft()
+        request.slot, request.status, request.prefilled = slot, PREFILLING, 0
+        request.admitted, self._admissions = self._admissions, self._admissions + 1
+        self.slots[slot] = request
+        self._set_sampling(slot, request)
+        return True
+
+    def _advance_prefills(self) -> None:
+        """One chunk of the oldest prefilling request while others run; all of them otherwise."""
+        while True:
+            prefilling = sorted((r for r in self.slots if r is not None and r.status == PREFILLING),
+                                key=lambda r: r.admitted)
+            if not prefilling:
+                return
+            self._prefill_step(prefilling[0])
+            if self.running():
+                return
+
+    def _prefill_step(self, request: RequestState) -> None:
+        try:
+            self._prefill_chunk(request)
+        except Exception as err:  # this request fails; the others go on
+            self._fail([request], err)
+
+    def _prefill_chunk(self, request: RequestState) -> None:
+        """One prefill chunk of target and drafter; the last one also makes the request running."""
+        slot, drafter = request.slot, self.strategies.drafter
+        seq = torch.tensor(request.prefill_tokens, dtype=torch.int64, device=self.device)
+        L, start = seq.shape[0], request.prefilled
+        end = min(start + self.config.prefill_chunk_size, L)
+        logits, hidden = self.runner.prefill(slot, seq[start:end], start)  # [V], [T, w]
+        if end < L:  # the chunk's next tokens are all known
+            _drafter_prefill(drafter, slot, seq[start + 1 : end + 1], hidden, start)
+            request.prefilled = end
+            return
+        resumed = bool(request.token_ids)  # re-admitted after a preemption: the root is known
+        if resumed:
+            first = torch.tensor([request.token_ids[-1]], dtype=torch.int64, device=self.device)
+        else:
+            sp, pick = self.state.sampling, slice(slot, slot + 1)
+            probs = sampling_probs(logits[None], sp.temperature[pick], sp.top_k[pick], sp.top_p[pick], sp.min_p[pick])
+            u = counter_uniforms(sp.seed[pick], torch.full((1,), L, dtype=torch.int64, device=self.device), 1,
+                                 STREAM_FIRST_TOKEN)
+            first = sample_from_probs(probs, u[:, 0])  # [1]
+        _drafter_prefill(drafter, slot, torch.cat([seq[start + 1 :], first]), hidden, start)
         st = self.state
         st.root_tokens[slot] = first[0]
         st.committed_len[slot] = L
         st.accept_length[slot] = -1
         st.accept_tokens[slot] = -1
+        st.draft_budget[slot] = request.budget
         st.active[slot] = True
-        self.requests[slot] = request
-        token = int(first[0])  # host sync (prefill is not the hot loop)
+        request.prefilled, request.committed, request.status = L, L, RUNNING
+        token = request.token_ids[-1] if resumed else int(first[0])  # host sync (prefill is not the hot loop)
         self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = -1, [], token
-        self._emit(request, [token])
-        return request
+        if not resumed:
+            self._emit(request, [token])
 
-    def _prefill(self, slot: int, prompt: torch.Tensor) -> torch.Tensor:
-        """Chunked prefill of target and drafter; returns the first token [1] int64 (on device)."""
-        L = prompt.shape[0]
-        C = self.config.prefill_chunk_size
-        drafter = self.strategies.drafter
-        starts = list(range(0, L, C))
-        for start in starts:
-            end = min(start + C, L)
-            logits, hidden = self.runner.prefill(slot, prompt[start:end], start)  # [V], [T, w]
-            if end < L:  # the chunk's next tokens are all in the prompt
-                _drafter_prefill(drafter, slot, prompt[start + 1 : end + 1], hidden, start)
-        sp = self.state.sampling
-        pick = slice(slot, slot + 1)
-        probs = sampling_probs(logits[None], sp.temperature[pick], sp.top_k[pick], sp.top_p[pick], sp.min_p[pick])
-        u = counter_uniforms(sp.seed[pick], torch.full((1,), L, dtype=torch.int64, device=self.device), 1, STREAM_FIRST_TOKEN)
-        first = sample_from_probs(probs, u[:, 0])  # [1]
-        start = starts[-1]
-        _drafter_prefill(drafter, slot, torch.cat([prompt[start + 1 :], first]), hidden, start)
-        return first
-
-    def _set_sampling(self, slot: int, params: SamplingParams, seed: int) -> None:
-        sp = self.state.sampling
+    def _set_sampling(self, slot: int, request: RequestState) -> None:
+        params, sp = request.params, self.state.sampling
         sp.temperature[slot] = float(params.temperature)
         sp.top_k[slot] = int(params.top_k)
         sp.top_p[slot] = float(params.top_p)
         sp.min_p[slot] = float(params.min_p)
-        sp.seed[slot] = int(seed)
+        sp.seed[slot] = int(request.seed)
 
     # ------------------------------------------------------------------ warm-up
+    def _variants(self) -> tuple[bool, ...]:
+        """The steps this engine runs: speculative, and the plain one when adaptive."""
+        return (True, False) if self.adaptive else (True,)
+
+    def _step_fn(self, speculative: bool) -> DeviceStep:
+        return self.device_step if speculative else self.plain_step
+
     def warmup(self, *, progress: bool = False) -> WarmupReport:
         """Run every batch bucket's step once (and a 1- and a 2-token prefill), so compiled
-        pieces are compiled now, then capture one CUDA graph per bucket when graphs are on.
+        pieces are compiled now, then capture one CUDA graph per bucket (and per step variant
+        when adaptive) when graphs are on; with `adaptive`, time each variant per bucket (the
+        cost model).
 
         Needs an idle engine (no live request): the runs see only idle slots, which write
         nothing that a request reads.
@@ -268,18 +395,37 @@ class SpecEngine:
         with torch.inference_mode():
             self._warm_prefill()
             buckets = sorted(self.buckets, reverse=True)  # largest first: smaller graphs reuse its pool
-            bar = _progress(buckets, progress, "warmup")
-            if self.cuda_graphs:
-                pool = torch.cuda.graph_pool_handle()
-                for b in bar:
-                    self._capture(b, pool)
-            else:
-                for b in bar:
-                    self.device_step(self.state.rows(b), self._kv_len_bound(b))
+            jobs = [(b, v) for b in buckets for v in self._variants()]
+            bar = _progress(jobs, progress, "warmup")
+            pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+            for b, speculative in bar:
+                if self.cuda_graphs:
+                    self._capture(b, speculative, pool)
+                else:
+                    self._step_fn(speculative)(self.state.rows(b), self._kv_len_bound(b))
+            if self.adaptive:
+                for b, speculative in jobs:
+                    self.costs.record(b, speculative, self._time_step(b, speculative))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmed = True
         return WarmupReport(time.perf_counter() - t0, tuple(sorted(self.buckets)), len(self.graphs))
+
+    def _time_step(self, b: int, speculative: bool, repeats: int = 5) -> list[float]:
+        """Seconds of one step of bucket `b` (idle slots: the shapes, hence the cost, of a full bucket)."""
+        samples = []
+        for _ in range(repeats):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            if self.cuda_graphs:
+                self.graphs[(b, speculative)].replay()
+            else:
+                self._step_fn(speculative)(self.state.rows(b), self._kv_len_bound(b))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            samples.append(time.perf_counter() - t0)
+        return samples
 
     def _warm_prefill(self) -> None:
         """Prefill 2 tokens, then 1, into slot 0 and forget them (compiles the prefill shapes)."""
@@ -292,40 +438,67 @@ class SpecEngine:
             drafter.reset_slot(0)
             self.runner.free(0)
 
-    def _capture(self, b: int, pool) -> None:
+    def _capture(self, b: int, speculative: bool, pool) -> None:
         kv_len = self.config.max_seq_len
         rows = self.state.rows(b)
+        step = self._step_fn(speculative)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # compile, autotune, allocate outside the capture
-                self.device_step(rows, kv_len)
+                step(rows, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            self.device_step(rows, kv_len)
-        self.graphs[b] = graph
+            step(rows, kv_len)
+        self.graphs[(b, speculative)] = graph
         self.capture_count += 1
 
     # ------------------------------------------------------------------ the step
     def _bucket(self) -> int:
-        last = max(s for s, r in enumerate(self.requests) if r is not None)
+        last = max(r.slot for r in self.running())
         return next(b for b in sorted(self.buckets) if b > last)
 
     def _kv_len_bound(self, b: int) -> int:
         """Static key bound for an eager step: the live slots' reach, rounded up to a bucket."""
-        reach = max([r.committed for r in self.requests[:b] if r is not None] + [0]) + self.lookahead
+        reach = max([r.committed for r in self.running() if r.slot < b] + [0]) + self.lookahead
         return min(-(-reach // KV_LEN_BUCKET) * KV_LEN_BUCKET, self.config.max_seq_len)
 
-    def _reserve_ahead(self, b: int) -> None:
+    def _reserve_ahead(self) -> None:
+        """Back every running request's next steps; on a short pool, preempt the youngest."""
         ahead = self.lookahead * (1 + self.config.kv_lookahead_steps)
-        for slot, r in enumerate(self.requests[:b]):
-            if r is not None and self.runner.capacity(slot) < min(r.committed + self.lookahead, r.max_positions):
-                self.runner.reserve(slot, min(r.committed + ahead, r.max_positions), flush=False)
+        for r in sorted(self.running(), key=lambda r: r.admitted):  # the oldest are served first
+            if r.status != RUNNING:
+                continue  # preempted for an older request in this loop
+            need = min(r.committed + self.lookahead, r.max_positions)
+            if self.runner.capacity(r.slot) >= need:
+                continue
+            for target in (min(r.committed + ahead, r.max_positions), need):
+                try:
+                    self.runner.reserve(r.slot, target, flush=False)
+                    break
+                except KVCacheError:
+                    continue
+            else:
+                while self.runner.capacity(r.slot) < need:
+                    victims = [v for v in self.running() if v is not r]
+                    if not victims:  # cannot happen: submit() refuses requests larger than the pool
+                        raise KVCacheError(f"request {r.id} cannot grow to {need} positions with the pool empty")
+                    self._preempt(max(victims, key=lambda v: v.admitted))
+                    try:
+                        self.runner.reserve(r.slot, need, flush=False)
+                    except KVCacheError:
+                        pass
         self.runner.flush()
 
+    def _preempt(self, request: RequestState) -> None:
+        """Drop `request`'s KV and slot; it waits at the front of the queue and resumes later."""
+        self._release(request)
+        request.slot, request.status, request.preemptions = None, WAITING, request.preemptions + 1
+        self.waiting.appendleft(request)
+
     def _stage_host_drafts(self, b: int) -> None:
-        active = [r is not None for r in self.requests[:b]]
+        active = [r is not None and r.status == RUNNING for r in self.slots[:b]]
         tokens, parents, num_nodes = self.strategies.drafter.propose_host(
             self._last_accept[:b], self._last_tokens[:b], self._roots[:b], active
         )
@@ -334,27 +507,30 @@ class SpecEngine:
         for dst, src in ((st.draft_tokens, tokens), (st.draft_parents, parents), (st.draft_num_nodes, num_nodes)):
             dst[:b].copy_(src.pin_memory() if pin else src, non_blocking=pin)
 
-    def _launch(self, b: int) -> None:
+    def _launch(self, b: int, speculative: bool = True) -> None:
         """The device part of the step (no host sync inside)."""
         guard = _sync_guard() if self.check_syncs and self.device.type == "cuda" else contextlib.nullcontext()
         with guard:
             if self.cuda_graphs:
-                self.graphs[b].replay()
+                self.graphs[(b, speculative)].replay()
             else:
-                self.device_step(self.state.rows(b), self._kv_len_bound(b))
+                self._step_fn(speculative)(self.state.rows(b), self._kv_len_bound(b))
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One speculative step for every active slot, ending in the token hand-off."""
-        if not self.has_work():
+        """One speculative step for every running request, ending in the token hand-off."""
+        if not self.running():
             return
         if self.cuda_graphs and not self.warmed:
             raise RuntimeError("CUDA graphs are on but not captured: call warmup() before admitting requests")
+        t0 = time.perf_counter()
+        self._reserve_ahead()
         b = self._bucket()
-        self._reserve_ahead(b)
+        running = [r for r in self.running() if r.slot < b]
+        speculative = self.policy.choose(b, running) if self.adaptive else True
         if self.host_drafter:
             self._stage_host_drafts(b)
-        self._launch(b)
+        self._launch(b, speculative)
         # Token hand-off: the one device-to-host copy and the one wait of the step.
         host = self._handoff_host[:b]
         if self._handoff_event is not None:
@@ -365,15 +541,19 @@ class SpecEngine:
             host.copy_(self.state.handoff[:b])
         rows = host.tolist()
         lengths = [row[0] for row in rows]
-        for slot, request in enumerate(self.requests[:b]):
-            if request is None:
+        for slot, request in enumerate(self.slots[:b]):
+            if request is None or request.status != RUNNING:
                 continue
             a = lengths[slot]
             emitted = rows[slot][1 : a + 2]
             request.committed += a + 1
             request.accepted_per_step.append(a)
+            request.budget_per_step.append(request.budget if speculative else 0)
+            if self.adaptive and speculative and request.budget:
+                self.policy.observe(request, a + 1)
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
             self._emit(request, emitted)
+        self.last_step_seconds = time.perf_counter() - t0
         for obs in self.observers:
             obs.on_step(self, lengths)
 
@@ -383,33 +563,38 @@ class SpecEngine:
         params = request.params
         stops = set(params.stop_token_ids)
         eos = set() if params.ignore_eos else set(self.eos_token_ids)
+        if request not in self.touched:
+            self.touched.append(request)
         for tok in new_tokens:
             request.token_ids.append(tok)
-            if tok in stops:
-                request.finish_reason = "stop"
-            elif tok in eos:
-                request.finish_reason = "eos"
-            elif len(request.token_ids) >= params.max_new_tokens:
-                request.finish_reason = "length"
-            if request.finish_reason is not None:
-                self._finish(request)
+            reason = "stop" if tok in stops else "eos" if tok in eos else None
+            if reason is None and len(request.token_ids) >= params.max_new_tokens:
+                reason = "length"
+            if reason is not None:
+                self._finish(request, reason)
                 return
 
-    def _finish(self, request: RequestState) -> None:
-        request.finished = True
+    def _release(self, request: RequestState) -> None:
+        """Give back the slot, its KV blocks and the drafter's per-slot state."""
         slot = request.slot
-        self.requests[slot] = None
+        if slot is None or self.slots[slot] is not request:
+            return
+        self.slots[slot] = None  # `request.slot` keeps the number (finished requests report it)
         self.state.active[slot] = False
         self.runner.free(slot)
         self.strategies.drafter.reset_slot(slot)
 
-    def run_until_done(self, max_steps: int | None = None) -> None:
-        steps = 0
-        while self.has_work():
-            if max_steps is not None and steps >= max_steps:
-                raise RuntimeError(f"requests still running after max_steps={max_steps}")
-            self.step()
-            steps += 1
+    def _finish(self, request: RequestState, reason: str, error: str | None = None) -> None:
+        request.status, request.finish_reason, request.error = FINISHED, reason, error
+        self._release(request)
+        if request not in self.touched:
+            self.touched.append(request)
+
+    def _fail(self, requests: list[RequestState], err: BaseException) -> None:
+        message = f"{type(err).__name__}: {err}"
+        for request in requests:
+            if request.status != FINISHED:
+                self._finish(request, "error", message)
 
 
 def _drafter_prefill(drafter, slot: int, next_tokens: torch.Tensor, hidden, start: int) -> None:

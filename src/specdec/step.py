@@ -41,7 +41,10 @@ class StepState:
     hidden_path:   [B, N, w] the drafter's target states along the last accepted path, or None
     sampling:      per-slot sampling tensors, `seed` included
     draft_tokens / draft_parents: [B, N] int64, draft_num_nodes: [B] int64, a host drafter's tree
-    tree:          [B, N] tree metadata buffers (`build_tree(out=...)`)
+    draft_budget:  [B] int64 draft tokens each request verifies per step (`num_draft_tokens`);
+                   the tree is cut to its first 1 + budget nodes (a prefix of a topological
+                   order is a tree), 0 = the root only, i.e. plain decoding for that request
+    tree:          [B, N] tree metadata buffers (`build_tree(out=...)`); tree1: [B, 1] ones for plain steps
     handoff:       [B, N + 1] int64, what the host reads after a step: accept_length, then
                    the emitted tokens
     """
@@ -56,7 +59,9 @@ class StepState:
     draft_tokens: torch.Tensor
     draft_parents: torch.Tensor
     draft_num_nodes: torch.Tensor
+    draft_budget: torch.Tensor
     tree: TreeMeta
+    tree1: TreeMeta
     handoff: torch.Tensor
 
     @staticmethod
@@ -80,13 +85,15 @@ class StepState:
             draft_tokens=torch.zeros(batch, nodes, **i64),
             draft_parents=torch.full((batch, nodes), -1, **i64),
             draft_num_nodes=torch.ones(batch, **i64),
+            draft_budget=torch.full((batch,), nodes - 1, **i64),
             tree=TreeMeta.empty(batch, nodes, device),
+            tree1=TreeMeta.empty(batch, 1, device),
             handoff=torch.zeros(batch, nodes + 1, **i64),
         )
 
     def rows(self, b: int) -> "StepState":
         """Views of the first `b` slots (a batch bucket); writes land in this state."""
-        t = self.tree
+        t, t1 = self.tree, self.tree1
         return StepState(
             root_tokens=self.root_tokens[:b],
             committed_len=self.committed_len[:b],
@@ -98,7 +105,10 @@ class StepState:
             draft_tokens=self.draft_tokens[:b],
             draft_parents=self.draft_parents[:b],
             draft_num_nodes=self.draft_num_nodes[:b],
+            draft_budget=self.draft_budget[:b],
             tree=TreeMeta(*(x[:b] for x in (t.packed_mask, t.positions, t.next_token, t.next_sibling, t.retrieve_index))),
+            tree1=TreeMeta(*(x[:b] for x in (t1.packed_mask, t1.positions, t1.next_token, t1.next_sibling,
+                                              t1.retrieve_index))),
             handoff=self.handoff[:b],
         )
 
@@ -121,9 +131,10 @@ class DeviceStep:
             instead of ~60 integer ops).
     """
 
-    def __init__(self, strategies: Strategies, runner, *, compiled: bool = False) -> None:
+    def __init__(self, strategies: Strategies, runner, *, compiled: bool = False, plain: bool = False) -> None:
         self.strategies = strategies
         self.runner = runner
+        self.plain = plain  # the adaptive engine's plain step: ingest only, the target verifies the root
         self.host_drafter = strategies.drafter_caps.runs_on_host
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
         self.uniforms = _compiled_uniforms() if compiled else counter_uniforms
@@ -133,6 +144,8 @@ class DeviceStep:
 
         kv_len: static bound on the logical positions attention reads (python int).
         """
+        if self.plain:
+            return self._plain(state, kv_len)
         s = self.strategies
         active = state.active
         if self.host_drafter:
@@ -153,6 +166,7 @@ class DeviceStep:
                 )
             )
             tokens, parents, num_nodes, draft_probs = draft.tokens, draft.parents, draft.num_nodes, draft.draft_probs
+        num_nodes = torch.minimum(num_nodes, state.draft_budget + 1)  # [B] per-request budgets
         tree = s.build_tree(parents, num_nodes, out=state.tree)
         live_nodes = torch.where(active, num_nodes, 0)  # [B]; idle slots run no rows
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, live_nodes, kv_len)  # [B, N, V]
@@ -164,6 +178,38 @@ class DeviceStep:
         accept_length = torch.where(active, acc.accept_length, 0)  # [B]
         s.relocate_kv(self.runner.cache, state.committed_len, acc.accept_nodes, accept_length)
         self._advance(state, acc.accept_nodes, acc.accept_tokens, accept_length, captured)
+
+    def _plain(self, state: StepState, kv_len: int) -> None:
+        """One token per request: the drafter ingests last step's tokens (its KV stays current)
+        but drafts nothing, the target runs the root alone ([B, 1]), and the token is drawn from
+        the request's sampling distribution with the verifiers' draw rule (what every lossless
+        verifier does on a root-only tree)."""
+        from .ops.sampling import probs_for, sample_from_probs
+
+        s, active = self.strategies, state.active
+        B = state.root_tokens.shape[0]
+        if not self.host_drafter:  # host drafters ingest on the host (`propose_host`)
+            s.drafter.propose(
+                DraftInput(
+                    root_tokens=state.root_tokens, committed_len=state.committed_len,
+                    accept_length=state.accept_length, accept_tokens=state.accept_tokens, hidden=state.hidden_path,
+                    active=active, sampling=state.sampling, max_kv_len=kv_len, draft=False,
+                )
+            )
+        tokens = state.root_tokens[:, None]  # [B, 1]
+        ones = torch.ones(B, dtype=torch.int64, device=tokens.device)
+        tree = s.build_tree(torch.full_like(tokens, -1), ones, out=state.tree1)
+        logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len)
+        u = self.uniforms(state.sampling.seed, state.committed_len, 2, STREAM_VERIFY)  # [B, 2], node 0's lanes
+        token = sample_from_probs(probs_for(logits, state.sampling)[:, 0], u[:, 1])  # [B]
+        accept_tokens = torch.full_like(state.accept_tokens, -1)
+        accept_tokens[:, 0] = token
+        accept_nodes = torch.full_like(state.accept_tokens, -1)
+        accept_nodes[:, 0] = 0
+        zero = torch.zeros(B, dtype=torch.int64, device=tokens.device)
+        if captured is not None:  # widen [B, 1, w] to the [B, N, w] the advance gathers from
+            captured = captured.expand(-1, state.num_nodes, -1)
+        self._advance(state, accept_nodes, accept_tokens, zero, captured)
 
     @staticmethod
     def _advance(state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:

@@ -74,6 +74,16 @@ class ModelRunner:
     def capacity(self, slot: int) -> int:
         return self.cache.capacity(slot)
 
+    @property
+    def model_context(self) -> int | None:
+        """The positions the model was built for (`max_position_embeddings`), or None."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def pool_positions(self) -> int:
+        """Logical positions the whole KV pool can back (num_blocks * block_size)."""
+        return self.cache.num_blocks * self.cache.block_size
+
     # ------------------------------------------------------------------ forwards
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:

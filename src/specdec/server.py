@@ -1,0 +1,360 @@
+"""`specdec serve`: an OpenAI-compatible HTTP server over one `SpecDecoder`.
+
+Owns the HTTP surface (FastAPI): `/v1/completions`, `/v1/chat/completions` (the target's chat
+template), both streamed as server-sent events or not, `/v1/models`, `/health` and
+`/metrics` (Prometheus text). Every request becomes one engine request through the decoder's
+`AsyncEngine`, so concurrent clients are batched together by the engine's continuous
+batching. Request fields map to `SamplingParams` (`max_tokens`, `temperature`, `top_p`,
+`seed`, `stop`, plus the extensions `top_k`, `min_p`, `ignore_eos`, `num_draft_tokens`); a
+bad field is a 400 naming the field and the allowed range and never touches other requests;
+an overlong prompt is a 400 naming the limit; a client that disconnects frees its slot.
+Stop strings are matched on the streamed text (the text is cut before the match).
+
+(No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations.)
+"""
+
+import json
+import time
+import uuid
+from contextlib import aclosing, asynccontextmanager
+
+from .config import ConfigError, SamplingParams
+
+__all__ = ["build_app", "sampling_from_body", "RequestError"]
+
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "num_draft_tokens")
+_UNSUPPORTED = dict(n=1, best_of=1, echo=False, logprobs=None, presence_penalty=0, frequency_penalty=0, suffix=None)
+
+
+class RequestError(ValueError):
+    """A client's mistake: the HTTP status, the offending field, the message."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+def sampling_from_body(body: dict, vocab_size: int) -> tuple[SamplingParams, list[str]]:
+    """`SamplingParams` and stop strings from an OpenAI request body; `RequestError` names the field."""
+    for name, default in _UNSUPPORTED.items():
+        if body.get(name, default) not in (default, None):
+            raise RequestError(f"{name}={body[name]!r} is not supported by specdec; allowed: {default!r}", name)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+    kw = {k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None}
+    kw.setdefault("temperature", 1.0)  # OpenAI's default
+    stop = body.get("stop")
+    stops: list[str] = []
+    stop_ids: tuple[int, ...] = ()
+    if isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = list(stop)
+    elif isinstance(stop, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+        stop_ids = tuple(stop)
+    elif stop is not None:
+        raise RequestError(f"stop={stop!r} must be a string, a list of strings or a list of token ids", "stop")
+    if "stop_token_ids" in body:
+        stop_ids += tuple(body["stop_token_ids"] or ())
+    try:
+        params = SamplingParams(max_new_tokens=max_tokens, stop_token_ids=stop_ids, **kw)
+    except (ConfigError, TypeError) as err:
+        message = str(err)
+        field = next((f for f in ("max_new_tokens",) + _SAMPLING_FIELDS + ("stop_token_ids",) if message.startswith(f)), None)
+        if field == "max_new_tokens":
+            field, message = "max_tokens", message.replace("max_new_tokens", "max_tokens", 1)
+        raise RequestError(message, field) from err
+    if params.top_k > vocab_size:
+        raise RequestError(f"top_k={params.top_k} is out of range; allowed: [0, {vocab_size}]", "top_k")
+    return params, stops
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """The text before the first stop string, and whether one was found."""
+    hits = [text.find(s) for s in stops if s and s in text]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    """Engine finish reasons -> OpenAI's ("stop" for stop/eos/aborted, "length")."""
+    if reason is None:
+        return None
+    return "length" if reason == "length" else "stop"
+
+
+def build_app(decoder, *, model_name: str = "specdec"):
+    """The FastAPI app serving `decoder` (its `AsyncEngine` starts with the app)."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+    engine = decoder.async_engine()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        engine.stop()
+
+    app = FastAPI(title="specdec", version="0.1.0", lifespan=lifespan)
+    tokenizer = decoder.target.tokenizer
+    vocab = decoder.target.info.vocab_size
+    counters = dict(requests=0, rejected=0)
+
+    def error(err: RequestError) -> JSONResponse:
+        counters["rejected"] += 1
+        body = {"error": {"message": str(err), "type": "invalid_request_error", "param": err.param, "code": None}}
+        return JSONResponse(body, status_code=err.status)
+
+    def encode_prompt(body: dict) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise RequestError("this target has no tokenizer; send prompt as a list of token ids", "prompt")
+            return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise RequestError("prompt must be a string or a list of token ids (one prompt per request)", "prompt")
+
+    def encode_chat(body: dict) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise RequestError(f"messages[{i}] must be an object with string role and content", "messages")
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise RequestError("this target has no chat template; use /v1/completions", "messages")
+        text = tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": m["content"]} for m in messages], add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def prepare(request: Request, chat: bool):
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as err:
+            raise RequestError(f"the body is not JSON: {err}", None) from err
+        if not isinstance(body, dict):
+            raise RequestError("the body must be a JSON object", None)
+        ids = encode_chat(body) if chat else encode_prompt(body)
+        params, stops = sampling_from_body(body, vocab)
+        try:
+            decoder.engine.check_request(ids, params)
+        except ConfigError as err:
+            raise RequestError(str(err), "messages" if chat else "prompt") from err
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise RequestError(f"stream={stream!r} must be true or false", "stream")
+        return ids, params, stops, stream
+
+    async def run(ids, params, stops):
+        """Yield (text piece, new token count, finish reason or None, error) until the end."""
+        text, done = "", False
+        async with aclosing(engine.stream(ids, params)) as deltas:
+            async for delta in deltas:
+                piece = delta.text or ""
+                if stops:
+                    cut, hit = _cut_at_stop(text + piece, stops)
+                    if hit:
+                        yield cut[len(text):], len(delta.token_ids), "stop", None
+                        return  # closing the stream aborts the engine request
+                    text += piece
+                yield piece, len(delta.token_ids), _finish_reason(delta.finish_reason), delta.error
+                done = delta.finish_reason is not None
+        if not done:
+            yield "", 0, "stop", None
+
+    async def handle(request: Request, chat: bool):
+        counters["requests"] += 1
+        try:
+            ids, params, stops, stream = await prepare(request, chat)
+        except RequestError as err:
+            return error(err)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+
+        def choice(text: str, reason: str | None, delta: bool) -> dict:
+            if not chat:
+                return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+            key = "delta" if delta else "message"
+            return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": reason}
+
+        def envelope(choices: list[dict], chunk: bool, usage: dict | None = None) -> dict:
+            obj = kind + (".chunk" if chunk and chat else "")
+            out = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": choices}
+            if usage is not None:
+                out["usage"] = usage
+            return out
+
+        if stream:
+            async def events():
+                async with aclosing(run(ids, params, stops)) as pieces:
+                    async for piece, _, reason, err in pieces:
+                        if err is not None:
+                            yield f"data: {json.dumps({'error': {'message': err, 'type': 'server_error'}})}\n\n"
+                            break
+                        yield f"data: {json.dumps(envelope([choice(piece, reason, True)], True))}\n\n"
+                        if reason is not None:
+                            break
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        pieces, count, reason, err = [], 0, None, None
+        async with aclosing(run(ids, params, stops)) as parts:
+            async for piece, n, r, e in parts:
+                pieces.append(piece)
+                count += n
+                reason, err = r or reason, e or err
+                if r is not None:
+                    break
+        if err is not None:
+            return JSONResponse({"error": {"message": err, "type": "server_error", "param": None, "code": None}}, 500)
+        usage = {"prompt_tokens": len(ids), "completion_tokens": count, "total_tokens": len(ids) + count}
+        return JSONResponse(envelope([choice("".join(pieces), reason or "stop", False)], False, usage))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}
+
+    @app.get("/health")
+    async def health():
+        if engine.error is not None:
+            return JSONResponse({"status": "error", "error": str(engine.error)}, status_code=503)
+        return {"status": "ok" if engine.ready.is_set() else "warming up"}
+
+    @app.get("/metrics")
+    async def metrics():
+        eng = decoder.engine
+        lines = [
+            f"specdec_http_requests_total {counters['requests']}",
+            f"specdec_http_requests_rejected_total {counters['rejected']}",
+            f"specdec_requests_completed_total {engine.completed}",
+            f"specdec_tokens_generated_total {engine.tokens}",
+            f"specdec_requests_running {len(eng.running())}",
+            f"specdec_requests_waiting {len(eng.waiting)}",
+            f"specdec_slots_free {len(eng.free_slots())}",
+            f"specdec_kv_blocks_free {eng.runner.cache.num_free_blocks}",
+            f"specdec_step_seconds {eng.last_step_seconds:.6f}",
+        ]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    return app
+
+
+# ---------------------------------------------------------------------------- command line
+SHIPPED_HEADS = {"smollm2-eagle3": "assets/heads/smollm2-eagle3", "smollm2-mtp": "assets/heads/smollm2-mtp"}
+
+
+def resolve_target(name: str):
+    """`smollm2` -> the shipped SmolLM2-135M-Instruct GGUF; anything else is a path."""
+    if name == "smollm2":
+        from .models import smollm2_gguf_path
+
+        return smollm2_gguf_path()
+    return name
+
+
+def resolve_draft(name: str | None):
+    """`smollm2-eagle3` / `smollm2-mtp` -> the shipped heads; anything else is a path (or None)."""
+    if name in SHIPPED_HEADS:
+        from importlib import resources
+
+        return str(resources.files("specdec") / SHIPPED_HEADS[name])
+    return name
+
+
+def parser():
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="specdec serve",
+        description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health, "
+        "/metrics). With no arguments: SmolLM2-135M-Instruct with its shipped EAGLE-3 head.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--target", default="smollm2", help="HF folder, .gguf file, or 'smollm2' (the shipped target)")
+    p.add_argument("--draft", default=None, help="draft head: a folder, 'smollm2-eagle3' or 'smollm2-mtp' "
+                   "(default: smollm2-eagle3 / smollm2-mtp for the shipped target and drafter eagle3 / mtp)")
+    p.add_argument("--drafter", default="eagle3", help="drafting strategy (see `specdec plugins`)")
+    p.add_argument("--tree", default="linear", help="tree shape")
+    p.add_argument("--verifier", default="target-only", help="acceptance rule (a sampling one: clients sample)")
+    p.add_argument("--max-draft-len", type=int, default=5)
+    p.add_argument("--topk", type=int, default=None)
+    p.add_argument("--max-total-draft-tokens", type=int, default=None)
+    p.add_argument("--max-batch-size", type=int, default=8, help="concurrent requests (slots)")
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--kv-block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--prefill-chunk-size", type=int, default=512)
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--adaptive", action="store_true", help="speculate only when it pays (SpecConfig.adaptive)")
+    p.add_argument("--device", default="auto", help="auto = cuda when available, else cpu")
+    p.add_argument("--dtype", default="auto", help="auto = bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--model-name", default=None, help="the id /v1/models reports (default: from --target)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    return p
+
+
+def build_decoder(args):
+    """The `SpecDecoder` the flags describe (checked before any weight is loaded)."""
+    import torch
+
+    from .config import SpecConfig
+    from .decoder import SpecDecoder
+
+    knob = {"auto": "auto", "on": True, "off": False}
+    config = SpecConfig(
+        drafter=args.drafter, tree=args.tree, verifier=args.verifier, max_draft_len=args.max_draft_len,
+        topk=args.topk, max_total_draft_tokens=args.max_total_draft_tokens, max_batch_size=args.max_batch_size,
+        max_seq_len=args.max_seq_len, kv_block_size=args.kv_block_size, num_kv_blocks=args.num_kv_blocks,
+        prefill_chunk_size=args.prefill_chunk_size, compile=knob[args.compile], cuda_graphs=knob[args.cuda_graphs],
+        adaptive=args.adaptive,
+    )
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.dtype == "auto":
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    else:
+        dtype = getattr(torch, str(args.dtype).removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"--dtype {args.dtype!r} is not a torch dtype; allowed: float32, bfloat16, float16")
+    draft = args.draft
+    if draft is None and args.target == "smollm2" and args.drafter in ("eagle3", "mtp"):
+        draft = f"smollm2-{args.drafter}"
+    return SpecDecoder.from_pretrained(resolve_target(args.target), resolve_draft(draft), config, device=device,
+                                       dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`specdec serve [flags]`: build the decoder, warm it up, serve until interrupted."""
+    import sys
+
+    import uvicorn
+
+    args = parser().parse_args(argv)
+    try:
+        decoder = build_decoder(args)
+    except (ConfigError, FileNotFoundError, OSError) as err:
+        print(f"specdec serve: error: {err}", file=sys.stderr)
+        return 2
+    name = args.model_name or str(args.target).rstrip("/").split("/")[-1]
+    app = build_app(decoder, model_name=name)
+    print(f"specdec serve: {name} on http://{args.host}:{args.port}/v1 (drafter={args.drafter}, "
+          f"verifier={args.verifier}, max_batch_size={args.max_batch_size})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,224 @@
+"""Many requests through one decoder: continuous batching, streaming, per-request draft
+budgets, and what happens on failure (a plugin raising, an interrupt, a short KV pool).
+
+Tiny random Llama (fp32, CPU) with a random EAGLE-3 head; every greedy result is compared
+token for token with the same prompt run alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec import SamplingParams, SpecConfig, SpecDecoder
+from specdec.drafters.eagle3_checkpoint import save_eagle3
+
+from _eagle3_heads import random_head
+from _mtp_heads import e2e_cpu  # noqa: F401  (fixture)
+from _tiny_models import make_checkpoint
+
+pytestmark = [
+    pytest.mark.usefixtures("e2e_cpu"),
+    pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning"),
+]
+BASE = dict(drafter="eagle3", max_draft_len=3, max_batch_size=4, max_seq_len=96, kv_block_size=4)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama8")
+    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
+    head = tmp_path_factory.mktemp("head")
+    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1), head)
+    target = specdec.load_target(folder)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 96, (int(n),), generator=gen).tolist() for n in torch.randint(1, 30, (40,), generator=gen)]
+    lengths = [int(n) for n in torch.randint(2, 24, (40,), generator=gen)]
+    solo_dec = SpecDecoder.from_pretrained(target, head, SpecConfig(**{**BASE, "max_batch_size": 1}))
+    solo = [solo_dec.generate([p], _greedy(n))[0].token_ids for p, n in zip(prompts, lengths)]
+    return dict(target=target, head=head, prompts=prompts, lengths=lengths, solo=solo)
+
+
+def _greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, ignore_eos=True, **kw)
+
+
+def _decoder(world, **kw) -> SpecDecoder:
+    return SpecDecoder.from_pretrained(world["target"], world["head"], SpecConfig(**{**BASE, **kw}))
+
+
+def _all_blocks_free(dec: SpecDecoder) -> bool:
+    cache = dec.engine.runner.cache
+    return cache.num_free_blocks == cache.num_blocks and not dec.engine.has_work()
+
+
+def test_forty_prompts_through_four_slots_equal_their_solo_runs_in_input_order(world):
+    dec = _decoder(world)
+    results = dec.generate(world["prompts"], [_greedy(n) for n in world["lengths"]], progress=False)
+    assert [r.token_ids for r in results] == world["solo"]
+    assert all(r.stats.finish_reason == "length" for r in results)
+    assert _all_blocks_free(dec)
+
+
+def test_a_request_added_mid_flight_changes_nobody_elses_tokens(world):
+    dec = _decoder(world)
+    engine = dec.engine
+    first = [engine.submit(p, _greedy(n)) for p, n in zip(world["prompts"][:3], world["lengths"][:3])]
+    for _ in range(3):
+        engine.run_iteration()
+    late = engine.submit(world["prompts"][3], _greedy(world["lengths"][3]))
+    while engine.has_work():
+        engine.run_iteration()
+    assert [r.token_ids for r in first + [late]] == world["solo"][:4]
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_stream_yields_exactly_what_generate_returns(world, sampled):
+    dec = _decoder(world, verifier="target-only")
+    prompts, lengths = world["prompts"][:6], world["lengths"][:6]
+    params = [_greedy(n, **(dict(temperature=1.0, top_k=8, seed=100 + i) if sampled else {})) for i, n in enumerate(lengths)]
+    expect = [r.token_ids for r in dec.generate(prompts, params)]
+    got = [[] for _ in prompts]
+    finishes = [[] for _ in prompts]
+    for delta in dec.stream(prompts, params):
+        got[delta.index] += delta.token_ids
+        finishes[delta.index].append(delta.finish_reason)
+    assert got == expect
+    assert all(f[-1] == "length" and all(x is None for x in f[:-1]) for f in finishes)
+    assert _all_blocks_free(dec)
+
+
+def test_closing_a_stream_early_aborts_its_requests_and_frees_everything(world):
+    dec = _decoder(world)
+    stream = dec.stream(world["prompts"][:6], _greedy(20))
+    next(stream)
+    stream.close()
+    assert _all_blocks_free(dec)
+    assert dec.generate([world["prompts"][0]], _greedy(world["lengths"][0]))[0].token_ids == world["solo"][0]
+
+
+def test_per_request_budgets_of_zero_two_and_five_each_give_the_target_only_output(world):
+    dec = _decoder(world, max_draft_len=5)
+    prompts, lengths = world["prompts"][:6], world["lengths"][:6]
+    budgets = [0, 2, 5, None, 0, 2]
+    results = dec.generate(prompts, [_greedy(n, num_draft_tokens=k) for n, k in zip(lengths, budgets)])
+    assert [r.token_ids for r in results] == world["solo"][:6]
+    for r, k in zip(results, budgets):
+        full = 5 if k is None else k
+        assert all(a <= full for a in r.stats.accepted_per_step)
+        assert len(r.stats.acceptance_by_depth) == full
+    assert set(results[0].stats.accepted_per_step) <= {0}
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_a_plugin_failing_mid_batch_fails_that_step_only_and_the_decoder_keeps_working(world):
+    dec = _decoder(world)
+    drafter = dec.strategies.drafter
+    calls = {"n": 0}
+    real = drafter.propose
+
+    def flaky(inputs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise Boom("planted failure in propose")
+        return real(inputs)
+
+    drafter.propose = flaky
+    try:
+        with pytest.warns(UserWarning, match=r"request\(s\) failed: .*Boom: planted failure"):
+            results = dec.generate(world["prompts"][:6], [_greedy(n) for n in world["lengths"][:6]])
+    finally:
+        drafter.propose = real
+    reasons = [r.stats.finish_reason for r in results]
+    assert "error" in reasons and all(x in ("error", "length") for x in reasons)
+    for r, solo in zip(results, world["solo"]):
+        assert r.token_ids == solo[: len(r.token_ids)]  # what a failed request got so far stays exact
+        if r.stats.finish_reason == "error":
+            assert "Boom: planted failure in propose" in r.stats.error
+        else:
+            assert r.token_ids == solo
+    assert _all_blocks_free(dec)
+    assert [r.token_ids for r in dec.generate(world["prompts"][:4], [_greedy(n) for n in world["lengths"][:4]])] == world["solo"][:4]
+
+
+def test_a_failing_prefill_fails_only_its_request(world):
+    dec = _decoder(world)
+    drafter = dec.strategies.drafter
+    real = drafter.prefill
+    bad = world["prompts"][2]
+
+    def picky(slot, next_tokens, hidden, start=0):
+        if next_tokens.shape[0] == len(bad) and next_tokens[:-1].tolist() == bad[1:]:
+            raise Boom("this prompt's prefill fails")
+        return real(slot, next_tokens, hidden, start)
+
+    drafter.prefill = picky
+    try:
+        with pytest.warns(UserWarning, match=r"prompt 2: Boom"):
+            results = dec.generate(world["prompts"][:5], [_greedy(n) for n in world["lengths"][:5]])
+    finally:
+        drafter.prefill = real
+    assert [r.stats.finish_reason for r in results] == ["length", "length", "error", "length", "length"]
+    assert [r.token_ids for i, r in enumerate(results) if i != 2] == [s for i, s in enumerate(world["solo"][:5]) if i != 2]
+    assert _all_blocks_free(dec)
+
+
+def test_an_interrupt_mid_generation_releases_everything_and_the_next_call_works(world):
+    dec = _decoder(world)
+
+    class Interrupt:
+        steps = 0
+
+        def on_step(self, engine, lengths):
+            self.steps += 1
+            if self.steps == 4:
+                raise KeyboardInterrupt
+
+    observer = Interrupt()
+    dec.add_observer(observer)
+    with pytest.raises(KeyboardInterrupt):
+        dec.generate(world["prompts"][:8], [_greedy(n) for n in world["lengths"][:8]])
+    dec.engine.observers.remove(observer)
+    assert _all_blocks_free(dec) and dec.engine.free_slots() == [0, 1, 2, 3]
+    assert [r.token_ids for r in dec.generate(world["prompts"][:8], [_greedy(n) for n in world["lengths"][:8]])] == world["solo"][:8]
+
+
+def test_an_undersized_kv_pool_preempts_and_every_request_still_gets_its_solo_output(world):
+    # 4 slots but blocks for ~1.5 long requests: admission waits and running requests get preempted
+    dec = _decoder(world, num_kv_blocks=14)
+    prompts = [p for p in world["prompts"] if len(p) > 12][:8]
+    idx = [world["prompts"].index(p) for p in prompts]
+    results = dec.generate(prompts, [_greedy(world["lengths"][i]) for i in idx])
+    assert [r.token_ids for r in results] == [world["solo"][i] for i in idx]
+    assert sum(r.stats.preemptions for r in results) > 0
+    assert _all_blocks_free(dec)
+
+
+def test_a_request_larger_than_the_whole_pool_is_refused_before_any_work(world):
+    dec = _decoder(world, num_kv_blocks=4)
+    with pytest.raises(specdec.ConfigError, match=r"prompt 1: the request needs \d+ KV positions but the whole pool holds 16"):
+        dec.generate([[1, 2], [3] * 20], _greedy(8))
+    assert _all_blocks_free(dec)
+
+
+def test_incremental_detokenization_never_splits_a_character():
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from specdec.streaming import IncrementalDetokenizer
+
+    corpus = ["héllo wörld, ça va? 世界你好 🎉🎉 naïve café", "plain ascii text with spaces", "日本語のテキスト"] * 20
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1, show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    text = "ça va? 世界 🎉 naïve 日本語 done"
+    ids = tok(text)["input_ids"]
+    for step in (1, 2, 3):
+        detok = IncrementalDetokenizer(tok)
+        pieces = [detok.push(ids[i : i + step], final=i + step >= len(ids)) for i in range(0, len(ids), step)]
+        assert "".join(pieces) == tok.decode(ids)
+        assert all("\ufffd" not in p for p in pieces)

@@ -1,0 +1,206 @@
+"""`specdec serve` against the official `openai` client, live on localhost (CPU, tiny model).
+
+A tiny random Llama with a word-level chat tokenizer and a random EAGLE-3 head runs behind
+uvicorn in a background thread; the tests call it as any OpenAI client would: completions
+and chat, streamed and not, 16 concurrent clients, a client that disconnects mid-stream
+(its slot comes back), and bad requests (400 naming the field, no effect on the others).
+Greedy answers are compared with the same decoder's `generate` on the same ids.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch  # noqa: E402
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+import specdec  # noqa: E402
+from specdec import SamplingParams, SpecConfig, SpecDecoder  # noqa: E402
+from specdec.drafters.eagle3_checkpoint import save_eagle3  # noqa: E402
+from specdec.server import build_app  # noqa: E402
+
+from _chat_tokenizer import save_chat_tokenizer  # noqa: E402
+from _eagle3_heads import random_head  # noqa: E402
+from _tiny_models import make_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")
+WORDS = "w3 w17 w40 w8 w8 w21"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import os
+
+    before = os.environ.get("TRITON_INTERPRET")
+    if not torch.cuda.is_available():  # the ops' torch references, as in _mtp_heads.e2e_cpu
+        os.environ["TRITON_INTERPRET"] = "0"
+    folder = tmp_path_factory.mktemp("chatllama")
+    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
+    save_chat_tokenizer(folder)
+    head = tmp_path_factory.mktemp("head")
+    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1), head)
+    config = SpecConfig(drafter="eagle3", verifier="target-only", max_draft_len=3, max_batch_size=4, max_seq_len=128,
+                        kv_block_size=4)
+    target = specdec.load_target(folder)
+    dec = SpecDecoder.from_pretrained(target, head, config)
+    ref = SpecDecoder.from_pretrained(target, head, config)  # its own engine, for reference answers
+    app = build_app(dec, model_name="tiny")
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield dict(dec=dec, ref=ref, base=base, client=client, tok=dec.target.tokenizer)
+    srv.should_exit = True
+    thread.join(timeout=10)
+    if before is not None:
+        os.environ["TRITON_INTERPRET"] = before
+
+
+def _expected_text(server, ids: list[int], n: int) -> str:
+    """The greedy answer of a separate decoder on the same target and head."""
+    out = server["ref"].generate([ids], SamplingParams(max_new_tokens=n, ignore_eos=True))[0]
+    return server["tok"].decode(out.token_ids, skip_special_tokens=True)
+
+
+def _metrics(base: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics").text
+    return {k: float(v) for k, v in (line.split() for line in text.strip().splitlines())}
+
+
+def test_models_and_health(server):
+    assert [m.id for m in server["client"].models.list().data] == ["tiny"]
+    assert httpx.get(server["base"] + "/health").json()["status"] == "ok"
+
+
+def test_completion_streamed_and_not_equal_the_decoder_greedy_tokens(server):
+    tok, client = server["tok"], server["client"]
+    ids = tok(WORDS, add_special_tokens=False)["input_ids"]
+    want = _expected_text(server, ids, 12)
+    out = client.completions.create(model="tiny", prompt=WORDS, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    assert out.choices[0].text == want and out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 12 and out.usage.prompt_tokens == len(ids)
+    chunks = client.completions.create(model="tiny", prompt=WORDS, max_tokens=12, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    pieces = list(chunks)
+    assert "".join(c.choices[0].text for c in pieces) == want
+    assert pieces[-1].choices[0].finish_reason == "length"
+
+
+def test_a_token_id_prompt_is_accepted(server):
+    ids = server["tok"](WORDS, add_special_tokens=False)["input_ids"]
+    body = {"model": "tiny", "prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(server["base"] + "/v1/completions", json=body, timeout=120).json()
+    assert r["choices"][0]["text"] == _expected_text(server, ids, 6)
+
+
+def test_chat_streamed_and_not(server):
+    client = server["client"]
+    messages = [{"role": "user", "content": WORDS}]
+    out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    text = out.choices[0].message.content
+    assert out.choices[0].message.role == "assistant" and out.choices[0].finish_reason == "length" and text
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == text
+    # the chat template is applied: the same words as a raw completion give another continuation
+    tok = server["tok"]
+    templated = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    raw = client.completions.create(model="tiny", prompt=templated, max_tokens=10, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert raw.choices[0].text == text
+
+
+def test_sixteen_concurrent_clients_each_get_their_solo_answer(server):
+    client = server["client"]
+    prompts = [" ".join(f"w{(7 * i + j) % 80 + 6}" for j in range(1 + i % 5)) for i in range(16)]
+
+    def ask(p):
+        r = client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+        return r.choices[0].text
+
+    tok = server["tok"]
+    solo = [_expected_text(server, tok(p, add_special_tokens=False)["input_ids"], 8) for p in prompts]
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == solo
+
+
+def test_seeded_sampling_is_reproducible_and_stop_strings_cut_the_text(server):
+    client = server["client"]
+    kw = dict(model="tiny", prompt=WORDS, max_tokens=16, temperature=1.0, seed=5, extra_body={"ignore_eos": True})
+    a, b = (client.completions.create(**kw).choices[0].text for _ in range(2))
+    assert a == b
+    words = a.split()
+    if len(words) >= 3:
+        stop = words[2]
+        cut = client.completions.create(**{**kw, "stop": [stop]}).choices[0]
+        assert cut.finish_reason == "stop" and stop not in cut.text and a.startswith(cut.text)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
+    body = {"model": "tiny", "prompt": WORDS, "max_tokens": 100, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server["base"] + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break  # one chunk, then hang up
+    for _ in range(200):
+        m = _metrics(server["base"])
+        if m["specdec_requests_running"] == 0 and m["specdec_slots_free"] == 4:
+            break
+        time.sleep(0.05)
+    cache = server["dec"].engine.runner.cache
+    assert m["specdec_slots_free"] == 4 and m["specdec_kv_blocks_free"] == cache.num_blocks
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temperature", -1, r"temperature=-1 is out of range"),
+        ("max_tokens", 0, r"max_tokens=0 is out of range"),
+        ("top_p", 1.5, r"top_p=1.5 is out of range"),
+        ("top_k", 10**9, r"top_k=1000000000 is out of range"),
+        ("n", 2, r"n=2 is not supported"),
+    ],
+)
+def test_a_bad_field_is_a_400_naming_it(server, field, value, message):
+    extension = field in ("top_k", "min_p", "ignore_eos", "num_draft_tokens")  # not in the openai client's signature
+    kw = {"extra_body": {field: value}} if extension else {field: value}
+    with pytest.raises(openai.BadRequestError) as err:
+        server["client"].completions.create(model="tiny", prompt=WORDS, **kw)
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == field
+    import re
+
+    assert re.search(message, err.value.body["message"])
+
+
+def test_an_overlong_prompt_is_a_400_naming_the_limit(server):
+    with pytest.raises(openai.BadRequestError, match=r"max_seq_len=128"):
+        server["client"].completions.create(model="tiny", prompt=" ".join(["w9"] * 130), max_tokens=4)
+    # and it did not disturb anyone: a normal request still works
+    out = server["client"].completions.create(model="tiny", prompt=WORDS, max_tokens=4, temperature=0,
+                                              extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 4
