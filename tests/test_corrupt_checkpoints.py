@@ -96,3 +96,35 @@ def test_from_pretrained_with_a_truncated_head_is_a_config_error_naming_the_file
     config = SpecConfig(drafter=drafter, max_batch_size=1, max_seq_len=64, kv_block_size=4)
     with pytest.raises(ConfigError, match=re.escape(str(file))):
         SpecDecoder.from_pretrained(target, copies[drafter], config)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("rms_norm_eps", None, r"rms_norm_eps=None must be a number > 0"),
+        ("rms_norm_eps", "1e-5", r"rms_norm_eps='1e-5' must be a number > 0"),
+        ("max_position_embeddings", "x", r"max_position_embeddings='x' must be an int >= 1"),
+        ("num_key_value_heads", 3, r"num_attention_heads=4 must be a multiple of num_key_value_heads=3"),
+        ("intermediate_size", 10**9, r"has shape .* the config implies"),  # shapes checked on meta: nothing allocated
+    ],
+)
+def test_bad_values_in_an_eagle3_config_are_checkpoint_errors(copies, field, value, message):
+    import json
+
+    file = copies["eagle3"] / "config.json"
+    cfg = json.loads(file.read_text())
+    cfg[field] = value
+    file.write_text(json.dumps(cfg))
+    with pytest.raises(Eagle3CheckpointError, match=message):
+        load_eagle3(copies["eagle3"])
+
+
+def test_an_integer_tensor_where_a_float_weight_belongs_is_an_error(copies):
+    from safetensors.torch import load_file, save_file
+
+    file = copies["eagle3"] / "model.safetensors"
+    tensors = load_file(str(file))
+    tensors["fc.weight"] = tensors["fc.weight"].to(torch.int32)
+    save_file(tensors, str(file))
+    with pytest.raises(Eagle3CheckpointError, match=r"fc.weight has dtype torch.int32; expected a float tensor"):
+        load_eagle3(copies["eagle3"])

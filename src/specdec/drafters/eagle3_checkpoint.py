@@ -72,6 +72,13 @@ def _int(cfg: dict, key: str, source: str, default=None) -> int:
     return value
 
 
+def _float(cfg: dict, key: str, source: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise Eagle3CheckpointError(f"{source}: {key}={value!r} must be a number > 0")
+    return float(value)
+
+
 def _config_from_dict(cfg: dict, fc_in_features: int | None, keys: set[str], source: str) -> Eagle3Config:
     """Build an `Eagle3Config` from a config.json dict and the weights' key set / fc width."""
     speculators = _is_speculators(cfg)
@@ -102,8 +109,8 @@ def _config_from_dict(cfg: dict, fc_in_features: int | None, keys: set[str], sou
     d_t = _int({"target_hidden_size": d_t}, "target_hidden_size", source)
     try:
         rope = _rope_from_hf(SimpleNamespace(**layer))
-    except ValueError as e:
-        raise Eagle3CheckpointError(f"{source}: {e}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise Eagle3CheckpointError(f"{source}: bad RoPE settings ({type(e).__name__}: {e})") from None
     capture = checkpoint_capture_layers(cfg, source=source)
     if fc_in_features is None:
         num_capture = len(capture) if capture is not None else 3
@@ -125,6 +132,17 @@ def _config_from_dict(cfg: dict, fc_in_features: int | None, keys: set[str], sou
             f"{source}: config says fc_norm={cfg['fc_norm']} but the weights {'have' if fc_norm else 'lack'} fc_norm.* keys"
         )
     norm_before_fc = bool(cfg.get("norm_before_fc", False)) or "input_norm.weight" in keys
+    try:
+        return _eagle3_config(layer, cfg, keys, source, d, heads, vocab, draft_vocab, head_dim, d_t, num_capture, rope,
+                              capture, fc_norm, norm_before_fc)
+    except ValueError as e:  # Eagle3Config's own rules (GQA groups, draft vocabulary size, ...)
+        if isinstance(e, Eagle3CheckpointError):
+            raise
+        raise Eagle3CheckpointError(f"{source}: {e}") from None
+
+
+def _eagle3_config(layer, cfg, keys, source, d, heads, vocab, draft_vocab, head_dim, d_t, num_capture, rope, capture,
+                   fc_norm, norm_before_fc) -> Eagle3Config:
     return Eagle3Config(
         hidden_size=d,
         intermediate_size=_int(layer, "intermediate_size", source),
@@ -135,9 +153,10 @@ def _config_from_dict(cfg: dict, fc_in_features: int | None, keys: set[str], sou
         draft_vocab_size=draft_vocab,
         target_hidden_size=d_t,
         num_capture=num_capture,
-        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=_float(layer, "rms_norm_eps", source, 1e-6),
         rope=rope,
-        max_position_embeddings=int(layer.get("max_position_embeddings", 2048) or 2048),
+        max_position_embeddings=_int({"max_position_embeddings": layer.get("max_position_embeddings") or 2048},
+                                     "max_position_embeddings", source),
         capture_layers=capture,
         fc_bias="fc.bias" in keys,
         fc_norm=fc_norm,
@@ -331,8 +350,11 @@ def load_eagle3(path, *, device="cpu", dtype: torch.dtype = torch.float32, targe
         raise Eagle3CheckpointError(f"{path}: no config.json")
     fc = tensors.get("fc.weight")
     config = _config_from_dict(cfg, None if fc is None else fc.shape[-1], set(tensors), source)
-    model = Eagle3Model(config).to(dtype)
-    expected = model.state_dict()
+    try:  # shapes first, on the meta device: a config with absurd sizes allocates nothing
+        with torch.device("meta"):
+            expected = Eagle3Model(config).state_dict()
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise Eagle3CheckpointError(f"{source}: the config does not describe a head ({e})") from None
     optional = {"d2t", "t2d"} if config.draft_vocab_size == config.vocab_size else {"t2d"}
     missing = sorted(k for k in expected if k not in tensors and k not in optional)
     unexpected = sorted(k for k in tensors if k not in expected)
@@ -346,6 +368,9 @@ def load_eagle3(path, *, device="cpu", dtype: torch.dtype = torch.float32, targe
             raise Eagle3CheckpointError(
                 f"{source}: {key} has shape {tuple(tensors[key].shape)}; the config implies {tuple(ref.shape)}"
             )
+        if key in tensors and ref.dtype.is_floating_point and not tensors[key].dtype.is_floating_point:
+            raise Eagle3CheckpointError(f"{source}: {key} has dtype {tensors[key].dtype}; expected a float tensor")
+    model = Eagle3Model(config).to(dtype)
     d2t = tensors.get("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
     if d2t.shape != (config.draft_vocab_size,):
         raise Eagle3CheckpointError(

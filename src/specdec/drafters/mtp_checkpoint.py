@@ -136,6 +136,13 @@ def _int(cfg: dict, key: str, source: str, default=None) -> int:
     return value
 
 
+def _float(cfg: dict, key: str, source: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise MTPCheckpointError(f"{source}: {key}={value!r} must be a number > 0")
+    return float(value)
+
+
 def _bool(cfg: dict, key: str, source: str, default: bool) -> bool:
     value = cfg.get(key, default)
     if not isinstance(value, bool):
@@ -188,8 +195,8 @@ def _mimo_config(cfg: dict, keys: set[str], layer: int, source: str) -> MTPConfi
     heads = _int(cfg, "num_attention_heads", source)
     try:
         rope = _rope_from_hf(SimpleNamespace(**cfg))
-    except ValueError as e:
-        raise MTPCheckpointError(f"{source}: {e}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise MTPCheckpointError(f"{source}: bad RoPE settings ({type(e).__name__}: {e})") from None
     try:
         return MTPConfig(
             hidden_size=d,
@@ -198,9 +205,10 @@ def _mimo_config(cfg: dict, keys: set[str], layer: int, source: str) -> MTPConfi
             num_key_value_heads=_int(cfg, "num_key_value_heads", source, default=heads),
             head_dim=_int({"head_dim": cfg.get("head_dim") or d // heads}, "head_dim", source),
             vocab_size=_int(cfg, "vocab_size", source),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_float(cfg, "rms_norm_eps", source, 1e-6),
             rope=rope,
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
+            max_position_embeddings=_int({"max_position_embeddings": cfg.get("max_position_embeddings") or 2048},
+                                         "max_position_embeddings", source),
             qkv_bias="self_attn.q_proj.bias" in keys,
             o_bias="self_attn.o_proj.bias" in keys,
             qk_norm="self_attn.q_norm.weight" in keys,
@@ -269,8 +277,11 @@ def load_mtp(path, *, layout: str = "auto", layer: int = 0, device="cpu", dtype:
         _check_mimo_layer(cfg, layer, str(path / "config.json"))
         names = _mimo_keys(files, layer, source)
         config = _mimo_config(cfg, set(names), layer, str(path / "config.json"))
-    model = MTPModel(config)
-    expected = {k: v for k, v in model.state_dict().items()}
+    try:  # shapes first, on the meta device: a config with absurd sizes allocates nothing
+        with torch.device("meta"):
+            expected = dict(MTPModel(config).state_dict())
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise MTPCheckpointError(f"{source}: the config does not describe an MTP head ({e})") from None
     missing = sorted(k for k in expected if k not in names)
     unexpected = sorted(names[k] for k in names if k not in expected)
     if missing or unexpected:
@@ -286,6 +297,7 @@ def load_mtp(path, *, layout: str = "auto", layer: int = 0, device="cpu", dtype:
         if not value.dtype.is_floating_point:
             raise MTPCheckpointError(f"{source}: {names[key]} has dtype {value.dtype}; expected a float tensor")
         state[key] = value
+    model = MTPModel(config)
     model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval()
 
