@@ -14,7 +14,9 @@ so its KV stays current, and the target verifies the root alone), times both at
 
 where E[tokens per step] is each request's running mean (an exponential average of the
 tokens its speculative steps emitted, started optimistic and refreshed by a speculative
-probe every `PROBE_EVERY` plain steps). The cheaper one per generated token runs.
+probe every `PROBE_EVERY` plain steps) and T the step times, measured at warm-up on idle
+slots and then refined by every step's measured time. The cheaper one per generated token
+runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ class CostModel:
 
     def record(self, bucket: int, speculative: bool, samples: list[float]) -> None:
         self.seconds[(bucket, speculative)] = statistics.median(samples)
+
+    def update(self, bucket: int, speculative: bool, seconds: float, weight: float = 0.1) -> None:
+        """Fold a measured step (host time, hand-off included) into the estimate: warm-up times
+        idle slots, live steps also pay attention over real contexts."""
+        key = (bucket, speculative)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else (1 - weight) * old + weight * seconds
 
     def __call__(self, bucket: int, speculative: bool) -> float:
         return self.seconds[(bucket, speculative)]

@@ -554,6 +554,8 @@ class SpecEngine:
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
             self._emit(request, emitted)
         self.last_step_seconds = time.perf_counter() - t0
+        if self.adaptive:
+            self.costs.update(b, speculative, self.last_step_seconds)
         for obs in self.observers:
             obs.on_step(self, lengths)
 

@@ -1,0 +1,211 @@
+"""Batch sweep: does speculation still pay when many requests share the step? And does
+adaptive speculation keep it from ever costing throughput?
+
+For each target and batch size B (`--batch-sizes`, default 1 4 16 64) three decoders with
+`max_batch_size=B` each generate `--new-tokens` greedy tokens (default 64) for 2B prompts
+(continuous batching: a finished request's slot takes the next prompt), and we report
+output tok/s:
+
+- target-only (`drafter="none"`), the baseline;
+- fixed: EAGLE-3 chain D=5 speculating every step;
+- adaptive: the same with `SpecConfig(adaptive=True)` (a plain step per bucket beside the
+  speculative one, chosen per step from the costs `warmup()` measured and each request's
+  running acceptance; see `specdec.adaptive`).
+
+Targets (`--targets`):
+- `smollm2`: SmolLM2-135M-Instruct with the shipped EAGLE-3 head, the shipped held-out prompts;
+- `8b-all` / `8b-none`: the Llama-3.1-8B shape with random bf16 weights and a random EAGLE-3
+  head, with the acceptance forced: `8b-all` verifies with a (lossy, benchmark-only) rule that
+  accepts every draft of the chain, the upper bound of what speculation can give; `8b-none`
+  with a rule that accepts none, where speculation can only cost (adaptive must stay >= 0.98x).
+
+    python examples/bench_batch.py                         # H200: all targets, batch 1 4 16 64
+    python examples/bench_batch.py --targets smollm2 --batch-sizes 1 4
+    python examples/bench_batch.py --quick                 # CPU smoke run on tiny random models
+
+Targets of issue 12 (H200): adaptive >= 1.8x target-only at batch 4 and >= 1.35x at batch 64
+with the trained SmolLM2 head, and never below 0.98x target-only at any batch size, also with
+the never-accepting head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import time
+
+import torch
+from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, random_eagle3_head, sync
+
+from specdec import SamplingParams, SpecConfig, hookimpl
+from specdec.registry import get_plugin_manager
+from specdec.types import Acceptance
+
+
+# ----------------------------------------------------------------------------- forced acceptance
+class ForcedVerifier:
+    """Benchmark-only, lossy: accept the whole drafted chain (`all`) or nothing (`none`); the
+    bonus token is the target's argmax at the last accepted node. Chains only."""
+
+    lossless = False
+    needs_draft_probs = False
+    greedy_only = True
+
+    def __init__(self, accept_all: bool) -> None:
+        self.accept_all = accept_all
+
+    def __call__(self, tokens, tree, target_logits, sampling=None, *, uniforms=None, draft_probs=None):
+        B, N = tokens.shape
+        valid = (tree.retrieve_index >= 0).sum(1)  # [B] nodes in each row's chain
+        length = valid - 1 if self.accept_all else torch.zeros_like(valid)  # [B]
+        j = torch.arange(N, device=tokens.device)[None]
+        nodes = torch.where(j <= length[:, None], j, -1)
+        argmax = target_logits.argmax(-1)  # [B, N]
+        bonus = argmax.gather(1, length[:, None])  # [B, 1]
+        shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)  # token of node j + 1 at column j
+        out = torch.where(j < length[:, None], shifted, torch.where(j == length[:, None], bonus, -1))
+        return Acceptance(accept_length=length, accept_nodes=nodes, accept_tokens=out)
+
+
+class ForcedPlugin:
+    @hookimpl
+    def specdec_strategy_names(self):
+        return {"verifier": ["accept-all", "accept-none"]}
+
+    @hookimpl
+    def specdec_verify(self, config):
+        if config.verifier in ("accept-all", "accept-none"):
+            return ForcedVerifier(config.verifier == "accept-all")
+        return None
+
+
+# ----------------------------------------------------------------------------- targets
+def smollm2(device, dtype, quick: bool):
+    """(target, eagle3 head path, prompts, verifier) for SmolLM2 (or a tiny stand-in with --quick)."""
+    import tempfile
+    from pathlib import Path
+
+    from bench_e2e import heldout_ids, random_ids, smollm2_assets, tiny_assets
+
+    from specdec.models import load_target
+
+    if quick:
+        path, heads = tiny_assets(Path(tempfile.mkdtemp(prefix="bench_batch_")))
+        target = load_target(path, device=device, dtype=dtype)
+        return target, heads["eagle3"], random_ids(target.info.vocab_size, 8), "greedy"
+    path, heads = smollm2_assets()
+    target = load_target(path, device=device, dtype=dtype)
+    return target, heads["eagle3"], heldout_ids(target, 64), "greedy"
+
+
+def eight_b(device, dtype, quick: bool, accept_all: bool):
+    from bench_cycle import LLAMA_CAPTURE, QUICK_CAPTURE, QUICK_TARGET, build_target, head_config
+    from bench_target import LLAMA31_8B
+
+    cfg = QUICK_TARGET if quick else LLAMA31_8B
+    target = build_target(cfg, device, dtype)
+    head = random_eagle3_head(head_config(cfg, quick), device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, cfg.vocab_size, (64 + 16 * (i % 8),), generator=gen).tolist() for i in range(128)]
+    del LLAMA_CAPTURE, QUICK_CAPTURE
+    return target, head, prompts, "accept-all" if accept_all else "accept-none"
+
+
+# ----------------------------------------------------------------------------- runs
+def run(target, head, prompts, B, new_tokens, kind, verifier, args):
+    """Output tok/s of one decoder kind at batch B on 2B prompts (warm-up not timed)."""
+    base = SpecConfig(max_batch_size=B, max_seq_len=args.max_seq_len, compile=args.compile, cuda_graphs=args.cuda_graphs)
+    if kind == "target-only":
+        config, draft = base.replace(drafter="none"), None
+    else:
+        config = base.replace(drafter="eagle3", max_draft_len=5, verifier=verifier, adaptive=kind == "adaptive")
+        draft = head
+    pm = get_plugin_manager()
+    pm.register(ForcedPlugin())
+    dec = SpecDecoder.from_pretrained(target, draft, config, pm=pm)
+    warm = dec.warmup(progress=False)
+    batch = [prompts[i % len(prompts)] for i in range(2 * B)]
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    device = next(target.model.parameters()).device
+    sync(device)
+    t0 = time.perf_counter()
+    results = dec.generate(batch, params, progress=False)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(r.token_ids) for r in results)
+    steps = sum(r.stats.steps for r in results)
+    decisions = dict(dec.engine.policy.decisions) if dec.engine.policy is not None else None
+    row = dict(kind=kind, batch=B, tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
+               tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1), warmup_s=warm.seconds,
+               decisions=decisions, costs=dec.engine.costs.table() if kind == "adaptive" else None)
+    del dec
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="CPU, tiny random models, batch 1 2, 8 new tokens")
+    p.add_argument("--targets", nargs="+", default=["smollm2", "8b-all", "8b-none"],
+                   choices=["smollm2", "8b-all", "8b-none"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    p.add_argument("--new-tokens", type=int, default=None)
+    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--compile", default="auto")
+    p.add_argument("--cuda-graphs", default="auto")
+    p.add_argument("--out", default=None, help="JSON lines of every row")
+    args = p.parse_args()
+    for name in ("compile", "cuda_graphs"):
+        value = getattr(args, name)
+        setattr(args, name, {"on": True, "off": False, "true": True, "false": False}.get(value, value))
+    quick = args.quick
+    device = torch.device("cuda" if torch.cuda.is_available() and not quick else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sizes = args.batch_sizes or ([1, 2] if quick else [1, 4, 16, 64])
+    new_tokens = args.new_tokens or (8 if quick else 64)
+    if quick:
+        torch.set_num_threads(1)
+    head_line = header(device, dtype, " / ".join(map(str, sizes)), new_tokens=new_tokens)
+    log(head_line)
+    out = JsonLines(args.out, dict(header=head_line, quick=quick))
+    rows = []
+    for name in args.targets:
+        if name == "smollm2":
+            target, head, prompts, verifier = smollm2(device, dtype, quick)
+        else:
+            target, head, prompts, verifier = eight_b(device, dtype, quick, accept_all=name == "8b-all")
+        for B in sizes:
+            found = {}
+            for kind in ("target-only", "fixed", "adaptive"):
+                row = run(target, head, prompts, B, new_tokens, kind, verifier, args) | dict(target=name)
+                found[kind] = row
+                base = found["target-only"]["tok_s"]
+                row["vs_target_only"] = row["tok_s"] / base
+                rows.append(row)
+                out.write(row | {"kind_row": "row"})
+                log(f"ROW {name} | batch {B} | {kind} | {row['tok_s']:.1f} tok/s | {row['vs_target_only']:.2f}x | "
+                    f"tau {row['tau']:.2f} | decisions {row['decisions']}")
+        del target
+        gc.collect()
+    cells = []
+    for name in args.targets:
+        for B in sizes:
+            r = {x["kind"]: x for x in rows if x["target"] == name and x["batch"] == B}
+            if len(r) < 3:
+                continue
+            cells.append([name, B, fmt(r["target-only"]["tok_s"], ".0f"), fmt(r["fixed"]["tok_s"], ".0f"),
+                          fmt(r["fixed"]["vs_target_only"], suffix="x"), fmt(r["adaptive"]["tok_s"], ".0f"),
+                          fmt(r["adaptive"]["vs_target_only"], suffix="x"), fmt(r["adaptive"]["tau"])])
+    print()
+    log(head_line)
+    print()
+    log(markdown_table(["target", "batch", "target-only tok/s", "fixed tok/s", "fixed vs target-only",
+                        "adaptive tok/s", "adaptive vs target-only", "adaptive tau"], cells))
+    out.close()
+
+
+if __name__ == "__main__":
+    main()
