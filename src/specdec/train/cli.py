@@ -9,6 +9,7 @@ Subcommands:
   on the target's last hidden state, saved in the standalone specdec MTP layout.
 - ``eval``: mean acceptance length and speed of a head on held-out prompts (a table).
 - ``prompts``: show or write prompts of a split (the frozen evaluation set is made with it).
+- ``categories``: write the per-category held-out set (``categories_heldout.jsonl``, `categories`).
 - ``plot``: redraw the curves PNG from a training log.
 
 Owns argument parsing; the pipeline (phases, data cache, record) is `pipeline`, the work is in
@@ -56,6 +57,10 @@ def _load_target(args, device):
 def _prompts_for_eval(args):
     from .prompts import frozen_edit_prompts, frozen_heldout_prompts, heldout_prompts
 
+    if args.eval_source == "categories":
+        from .categories import frozen_category_prompts
+
+        return frozen_category_prompts(args.eval_prompts)  # eval_prompts: per category
     if args.eval_source == "frozen":
         return frozen_heldout_prompts(args.eval_prompts)
     if args.eval_source == "edit":
@@ -125,6 +130,18 @@ def _cmd_prompts(args, argv) -> int:
     return 0
 
 
+def _cmd_categories(args, argv) -> int:
+    from .categories import make_categories_heldout
+    from .expand import target_generate
+    from .prompts import write_prompts
+
+    target = _load_target(args, _device(args.device))
+    generate = target_generate(target, max_new_tokens=args.history_tokens, batch_size=args.per_category, seed=args.seed)
+    prompts = make_categories_heldout(generate, args.per_category, args.seed)
+    print(f"wrote {len(prompts)} prompts to {write_prompts(prompts, args.write)}")
+    return 0
+
+
 def _cmd_plot(args, argv) -> int:
     from .plot import plot_training_log
 
@@ -134,10 +151,13 @@ def _cmd_plot(args, argv) -> int:
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--eval-source", choices=("frozen", "edit", "heldout"), default="frozen",
-                   help="frozen: the held-out set shipped with specdec (same on every machine); edit: the shipped "
-                        "repetitive set (repeat a given file with a rename, copy a list); heldout: drawn here")
-    p.add_argument("--eval-prompts", type=int, default=None, help="number of held-out prompts (default: all frozen)")
+    p.add_argument("--eval-source", choices=("frozen", "categories", "edit", "heldout"), default="frozen",
+                   help="frozen: the held-out set shipped with specdec (same on every machine); categories: the shipped "
+                        "per-category set (code-long-context, code-short-header, chat-about-code, general-chat, math, "
+                        "multi-turn); edit: the shipped repetitive set (repeat a given file with a rename, copy a list); "
+                        "heldout: drawn here")
+    p.add_argument("--eval-prompts", type=int, default=None,
+                   help="number of held-out prompts (per category with --eval-source categories; default: all frozen)")
     p.add_argument("--eval-batch-size", type=int, default=16)
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
     p.add_argument("--eval-setups", default="target,linear,tree", help="comma list of target, linear, tree")
@@ -154,6 +174,12 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--num-prompts", type=int, default=4000)
     g.add_argument("--roots", default="stdlib,site", help="prompt sources: stdlib, site")
+    g.add_argument("--data-mix", choices=("source", "diverse"), default="source",
+                   help="source: prompts from Python source files only; diverse: + templated chat, math, short code "
+                        "headers, self-instruct and multi-turn prompts (specdec.train.mix)")
+    g.add_argument("--mix-shares", default=None,
+                   help="diverse mix shares (those named are the whole mix; default "
+                        "source=0.4,instruct=0.2,math=0.1,header=0.1,self_instruct=0.1,multi_turn=0.1)")
     g.add_argument("--max-new-tokens", type=int, default=192)
     g.add_argument("--max-prompt-tokens", type=int, default=384)
     g.add_argument("--gen-batch-size", type=int, default=256)
@@ -219,6 +245,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--frozen", action="store_true", help="the recipe of the shipped evaluation set (make_frozen_heldout)")
     p.add_argument("--write", default=None, help="write JSON lines here instead of printing")
     p.set_defaults(fn=_cmd_prompts)
+
+    p = sub.add_parser("categories", help="write the per-category held-out set (multi-turn histories by the target)")
+    p.add_argument("--target", required=True, help="the target that answers the earlier turns ('smollm2' for the shipped set)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--per-category", type=int, default=16)
+    p.add_argument("--history-tokens", type=int, default=96, help="max new tokens of each earlier answer")
+    p.add_argument("--write", required=True, help="the jsonl to write (the shipped one: src/specdec/train/categories_heldout.jsonl)")
+    p.set_defaults(fn=_cmd_categories)
 
     p = sub.add_parser("plot", help="draw the curves PNG from a training log")
     p.add_argument("--log", required=True)

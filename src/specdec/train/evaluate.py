@@ -6,19 +6,25 @@ tree of depth 8 with 4 branches), running them through `SpecDecoder`
 (greedy), and the table. Acceptance length tau = tokens emitted per target forward after
 prefill, summed over prompts (sum of (new tokens - 1) / sum of steps), the same quantity as
 `GenerationStats.mean_accept_length`; it includes the bonus token, so target-only gives 1.
+Besides tau over all prompts, code (raw text) and chat prompts, ``tau_by_category`` gives tau
+per `categories.category_of` category (code-long-context, ..., multi-turn), and the table shows
+one column per category present.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.decoder import SpecDecoder
 
-from .prompts import Prompt, encode_prompt
+from .categories import CATEGORIES, category_of
+from .conversation import encode_any
+from .prompts import Prompt
 
 __all__ = ["DRAFTER_SETUPS", "SETUPS", "evaluate_head", "format_table"]
 
@@ -52,6 +58,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _fitting(prompts: list[Prompt], ids: list[list[int]], target, max_new_tokens: int):
+    """The prompts whose tokens plus `max_new_tokens` fit the target's own context
+    (`max_position_embeddings`); the rest are left out with a warning that counts them (an
+    evaluation set cut from long files can hold prompts a small target cannot read)."""
+    from ..validation import model_context_length
+
+    context = model_context_length(target)
+    if context is None:
+        return prompts, ids
+    keep = [i for i, x in enumerate(ids) if len(x) + max_new_tokens <= context]
+    if not keep:
+        raise ValueError(
+            f"no evaluation prompt fits the target's context ({context} positions) with max_new_tokens={max_new_tokens}; "
+            f"the shortest has {min(len(x) for x in ids)} tokens"
+        )
+    if len(keep) < len(ids):
+        warnings.warn(
+            f"evaluation: {len(ids) - len(keep)} of {len(ids)} prompts left out: prompt + max_new_tokens={max_new_tokens} "
+            f"exceeds the target's context ({context} positions)",
+            stacklevel=3,
+        )
+    return [prompts[i] for i in keep], [ids[i] for i in keep]
+
+
 def evaluate_head(
     target,
     head,
@@ -76,8 +106,9 @@ def evaluate_head(
         plugin_options: `SpecConfig.plugin_options` of the drafted setups (e.g.
             ``{"mtp": {"draft_vocab": "full"}}``).
     Returns:
-        one dict per setup: name, prompts, tau, tau_code, tau_chat, new_tokens, seconds,
-        tokens_per_s, same_as_target (share of outputs equal to target-only's, when run).
+        one dict per setup: name, prompts, tau, tau_code, tau_chat, tau_by_category (category ->
+        tau, `categories.category_of`), new_tokens, seconds, tokens_per_s, same_as_target (share
+        of outputs equal to target-only's, when run), batch_size, dtype.
     """
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
@@ -90,9 +121,11 @@ def evaluate_head(
     if not prompts:
         raise ValueError("evaluate_head needs at least one prompt")
     device = next(target.model.parameters()).device
-    ids = [encode_prompt(p, target.tokenizer, target.info.vocab_size) for p in prompts]
+    ids = [encode_any(p, target.tokenizer, target.info.vocab_size) for p in prompts]
+    prompts, ids = _fitting(prompts, ids, target, max_new_tokens)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     longest = max(len(x) for x in ids)
+    cats = [category_of(p) for p in prompts]
     rows, reference = [], None
     for key in setups:
         name, base = TARGET_ONLY if key == "target" else DRAFTER_SETUPS[drafter][key]
@@ -131,10 +164,13 @@ def evaluate_head(
             "tau": tau(everything),
             "tau_code": tau([i for i in everything if not prompts[i].chat]),
             "tau_chat": tau([i for i in everything if prompts[i].chat]),
+            "tau_by_category": {c: tau([i for i in everything if cats[i] == c]) for c in _category_order(cats)},
             "new_tokens": sum(len(o) for o in outputs),
             "seconds": seconds,
             "tokens_per_s": sum(len(o) for o in outputs) / seconds if seconds else float("nan"),
             "same_as_target": None,
+            "batch_size": config.max_batch_size,
+            "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
         }
         if key == "target":
             reference = outputs
@@ -147,17 +183,32 @@ def evaluate_head(
     return rows
 
 
+def _category_order(cats) -> list[str]:
+    """The categories present, `CATEGORIES` first in their order, then any others sorted."""
+    present = set(cats)
+    return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
+
+
 def format_table(rows: list[dict], *, title: str = "") -> str:
-    """A Markdown table of `evaluate_head` rows."""
-    head = "| setup | prompts | tau (all) | tau (code) | tau (chat) | new tokens | tok/s | speedup | same as target |"
-    lines = ([title, ""] if title else []) + [head, "|" + "---|" * 9]
+    """A Markdown table of `evaluate_head` rows: a tau column per category present (when more
+    than one), and the batch size and dtype under the table when the rows carry them."""
+    cats = _category_order(c for r in rows for c in r.get("tau_by_category", {}))
+    cats = cats if len(cats) > 1 else []
+    head = ("| setup | prompts | tau (all) | tau (code) | tau (chat) | " + "".join(f"tau ({c}) | " for c in cats)
+            + "new tokens | tok/s | speedup | same as target |")
+    lines = ([title, ""] if title else []) + [head, "|" + "---|" * (9 + len(cats))]
 
     def f(x, fmt):
         return "-" if x is None or x != x else format(x, fmt)
 
     for r in rows:
+        per = "".join(f"{f(r.get('tau_by_category', {}).get(c), '.2f')} | " for c in cats)
         lines.append(
-            f"| {r['name']} | {r['prompts']} | {f(r['tau'], '.2f')} | {f(r['tau_code'], '.2f')} | {f(r['tau_chat'], '.2f')} "
-            f"| {r['new_tokens']} | {f(r['tokens_per_s'], '.1f')} | {f(r['speedup'], '.2f')} | {f(r['same_as_target'], '.0%')} |"
+            f"| {r['name']} | {r['prompts']} | {f(r['tau'], '.2f')} | {f(r['tau_code'], '.2f')} | {f(r['tau_chat'], '.2f')} | "
+            f"{per}{r['new_tokens']} | {f(r['tokens_per_s'], '.1f')} | {f(r['speedup'], '.2f')} | {f(r['same_as_target'], '.0%')} |"
         )
+    runs = sorted({(r["batch_size"], r["dtype"]) for r in rows if "batch_size" in r and "dtype" in r})
+    if runs:
+        same_run = "; target-only speed measured in the same run" if any(r.get("setup") == "target" for r in rows) else ""
+        lines += ["", "; ".join(f"batch size {b}, dtype {d}" for b, d in runs) + same_run]
     return "\n".join(lines)

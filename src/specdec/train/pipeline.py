@@ -116,6 +116,38 @@ def _mtp_recipe() -> HeadRecipe:
 RECIPES: dict[str, Callable[[], HeadRecipe]] = {"eagle3": _eagle3_recipe, "mtp": _mtp_recipe}
 
 
+def _mix_config(args):
+    """The `mix.MixConfig` of ``--data-mix diverse``: ``--mix-shares`` (the named shares are the
+    whole mix, others 0; none given: `MixConfig`'s defaults) and ``--roots``; the frozen
+    evaluation sets' texts are excluded from training."""
+    from .categories import frozen_category_prompts
+    from .mix import MixConfig, normalize
+    from .prompts import frozen_heldout_prompts
+
+    shares = {}
+    if getattr(args, "mix_shares", None):
+        try:
+            shares = {k.strip(): float(v) for k, v in (item.split("=") for item in args.mix_shares.split(","))}
+        except ValueError:
+            raise SystemExit(f"--mix-shares {args.mix_shares!r} is not a list of name=number")
+    fields = {"source", "instruct", "math", "header", "self_instruct", "multi_turn"}
+    if set(shares) - fields:
+        raise SystemExit(f"--mix-shares names {sorted(set(shares) - fields)}; allowed: {sorted(fields)}")
+    if shares:  # the named shares are the whole mix
+        shares = {f: shares.get(f, 0.0) for f in fields}
+    frozen = frozen_category_prompts() + frozen_heldout_prompts()
+    return MixConfig(**shares, roots=tuple(args.roots.split(",")), exclude_texts=frozenset(normalize(p.text) for p in frozen))
+
+
+def _diverse_prompts(args, target):
+    from .expand import target_generate
+    from .mix import sample_mix
+
+    generate = target_generate(target, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
+                               seed=args.seed, cuda_graph=args.gen_cuda_graph != "off")
+    return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate)
+
+
 def load_or_make_data(args, target, work: Path, phases: Phases):
     """<work>/data.pt when it was made with the same settings, else prompts -> the target's responses."""
     from .distill import DistillData, build_distill_data
@@ -125,6 +157,9 @@ def load_or_make_data(args, target, work: Path, phases: Phases):
         target=str(args.target), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed, roots=args.roots,
     )
+    diverse = getattr(args, "data_mix", "source") == "diverse"
+    if diverse:  # only then, so caches made before the flag existed stay valid
+        settings.update(data_mix="diverse", mix_shares=getattr(args, "mix_shares", None))
     path = work / "data.pt"
     if path.is_file() and not args.regenerate:
         data = DistillData.load(path)
@@ -132,7 +167,12 @@ def load_or_make_data(args, target, work: Path, phases: Phases):
             print(f"[specdec.train] reusing {path}: {len(data)} sequences, {data.meta.get('total_tokens')} tokens")
             return data
         print(f"[specdec.train] {path} was made with other settings; regenerating")
-    prompts = phases.run("prompts", sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
+    if diverse:
+        from .conversation import build_mix_distill_data as build_distill_data  # noqa: F811 - multi-turn aware
+
+        prompts = phases.run("prompts (diverse mix)", _diverse_prompts, args, target)
+    else:
+        prompts = phases.run("prompts", sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
     deadline = None if args.gen_minutes is None else time.perf_counter() + 60 * args.gen_minutes
     data = phases.run(
         "generate", build_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
@@ -175,7 +215,11 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         "## Data (self-distillation)",
         "",
         f"- prompts: {data.meta.get('prompts_asked')} asked, drawn from this machine's Python source ({args.roots}; "
-        f"train split by source file), {len(data)} answered; kinds: {kinds}",
+        f"train split by source file)"
+        + (" and the diverse templated / self-instruct / multi-turn mix (specdec.train.mix, shares "
+           f"{getattr(args, 'mix_shares', None) or 'default'}; held-out topics and templates never trained on)"
+           if getattr(args, "data_mix", "source") == "diverse" else "")
+        + f", {len(data)} answered; kinds: {kinds}",
         f"- responses: the target's own greedy answers (temperature {data.meta.get('temperature')}), at most "
         f"{data.meta.get('max_new_tokens')} new tokens; {data.meta.get('response_tokens')} response tokens, "
         f"{data.meta.get('total_tokens')} tokens with prompts; generated in {data.meta.get('seconds')} s",
