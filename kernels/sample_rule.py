@@ -22,10 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["sample_index_torch", "row_sum_f64", "sample_row"]
+__all__ = ["sample_index_ref", "row_sum_f64", "sample_row"]
 
 
-def sample_index_torch(w: torch.Tensor, thr: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+def sample_index_ref(w: torch.Tensor, thr: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
     """Index of the draw for each row (the rule in the module docstring).
 
     Args:

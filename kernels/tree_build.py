@@ -20,10 +20,10 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-__all__ = ["build_tree_torch", "build_tree_triton"]
+__all__ = ["build_tree_ref", "build_tree_triton"]
 
 
-def build_tree_torch(
+def build_tree_ref(
     parents: torch.Tensor,  # [B, N] int64
     num_nodes: torch.Tensor,  # [B] int64
     packed_mask: torch.Tensor,  # [B, N, ceil(N/32)] int32, written
@@ -148,7 +148,7 @@ def build_tree_triton(
     next_sibling: torch.Tensor,
     retrieve_index: torch.Tensor,
 ) -> None:
-    """Kernel launcher, same signature as `build_tree_torch` (all tensors contiguous)."""
+    """Kernel launcher, same signature as `build_tree_ref` (all tensors contiguous)."""
     B, N = parents.shape
     W = packed_mask.shape[-1]
     grid = (B, triton.cdiv(N, BLOCK_R))

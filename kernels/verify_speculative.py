@@ -1,7 +1,7 @@
 """Standard speculative sampling on trees: Triton kernel, PyTorch reference, `specdec::verify_speculative`.
 
 The rule (Leviathan et al. for chains; SpecInfer's multi-draft recursive rejection for
-siblings): node u's children were drawn i.i.d. from the draft q = draft_probs[b, u]
+siblings), over the shared walk of `walk_common`: node u's children were drawn i.i.d. from the draft q = draft_probs[b, u]
 (duplicates allowed). Keep a residual w with float64 mass W (so r = w / W); w starts as the
 target row p_u and W as its float64 sum. Test the children in `next_token` / `next_sibling`
 order; child c with token x and coin uniforms[b, c, 0]:
@@ -31,13 +31,13 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .sample_rule import row_sum_f64, sample_index_torch, sample_row
-from .walk_common import empty_acceptance, init_acceptance_row
+from .sample_rule import row_sum_f64, sample_index_ref, sample_row
+from .walk_common import TreeWalkRef, init_acceptance_row, walk_advance, walk_finish
 
-__all__ = ["verify_speculative_torch", "verify_speculative_triton"]
+__all__ = ["verify_speculative_ref", "verify_speculative_triton"]
 
 
-def verify_speculative_torch(
+def verify_speculative_ref(
     tokens: torch.Tensor,  # [B, N] int64
     next_token: torch.Tensor,  # [B, N] int64
     next_sibling: torch.Tensor,  # [B, N] int64
@@ -45,50 +45,26 @@ def verify_speculative_torch(
     draft_probs: torch.Tensor,  # [B, N, V] float, row u = distribution u's children were drawn from
     uniforms: torch.Tensor,  # [B, N, 2] float32/float64 in [0, 1)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference: one tested child per request per iteration, vectorized over the batch.
-
-    Loops at most N - 1 times; in eager mode it stops once every request is done (one host
-    sync per iteration), under torch.compile it runs all N - 1 rounds (no sync, no graph
-    break). The kernel has no sync either way.
-    """
-    B, N, V = target_probs.shape
-    dev = tokens.device
-    rows = torch.arange(B, device=dev)
+    """Reference: the rule above over the shared walk (`TreeWalkRef`), vectorized over the batch."""
     u = uniforms.to(torch.float64)  # [B, N, 2]
-    accept_length, accept_nodes, accept_tokens = empty_acceptance(tokens)
-    cur = torch.zeros(B, dtype=torch.int64, device=dev)
-    cand = next_token[:, 0].clone()  # [B] child under test, -1 when exhausted
+    walk = TreeWalkRef(tokens, next_token, next_sibling)
+    rows = walk.rows
     w = target_probs[:, 0].to(torch.float64)  # [B, V] residual (unnormalized)
     mass = w.sum(-1)  # [B] W
-    for _ in range(N - 1):
-        live = cand >= 0
-        if not torch.compiler.is_compiling() and not bool(live.any()):
-            break  # eager: stop when every request is done (compiled: a fixed N - 1 rounds)
-        c = cand.clamp(min=0)
-        x = torch.where(live, tokens[rows, c], 0)  # [B] (finished rows read token 0)
-        q = draft_probs[rows, cur].to(torch.float64)  # [B, V]
+    for live, c, x in walk.rounds():
+        q = draft_probs[rows, walk.cur].to(torch.float64)  # [B, V]
         accept = live & (u[rows, c, 0] * q[rows, x] * mass < w[rows, x])
         reject = live & ~accept
-
         w_new = (w / mass[:, None] - q).clamp_min(0.0).to(torch.float32).to(torch.float64)  # [B, V]
         mass_new = w_new.sum(-1)
         update = reject & (mass_new > 0)
         w = torch.where(update[:, None], w_new, w)
         mass = torch.where(update, mass_new, mass)
-
-        n = accept_length + accept
-        prev = (n - 1).clamp(min=0)
-        accept_nodes[rows, n] = torch.where(accept, c, accept_nodes[rows, n])
-        accept_tokens[rows, prev] = torch.where(accept, x, accept_tokens[rows, prev])
-        accept_length = n
-        cur = torch.where(accept, c, cur)
-        p_new = target_probs[rows, cur].to(torch.float64)  # [B, V]
+        walk.advance(live, c, x, accept)
+        p_new = target_probs[rows, walk.cur].to(torch.float64)  # [B, V]
         w = torch.where(accept[:, None], p_new, w)
         mass = torch.where(accept, p_new.sum(-1), mass)
-        cand = torch.where(accept, next_token[rows, c], torch.where(live, next_sibling[rows, c], cand))
-
-    accept_tokens[rows, accept_length] = sample_index_torch(w, u[rows, cur, 1] * mass)
-    return accept_length, accept_nodes, accept_tokens
+    return walk.finish(sample_index_ref(w, u[rows, walk.cur, 1] * mass))
 
 
 @triton.jit
@@ -125,7 +101,8 @@ def _verify_speculative_kernel(
     V,
     BLOCK_V: tl.constexpr,
 ):
-    """One program per request; the residual lives in p's row until the first rejection."""
+    """One program per request (the shared walk of `walk_common`); the residual lives in p's
+    row until the first rejection."""
     b = tl.program_id(0).to(tl.int64)
     nodes_row = nodes_ptr + b * N
     out_row = out_tok_ptr + b * N
@@ -153,25 +130,21 @@ def _verify_speculative_kernel(
             wx = tl.load(scr + slot * V + x).to(tl.float64)
         else:
             wx = tl.load(p_base + cur * V + x).to(tl.float64)
-        if coin * qx * mass < wx:
-            n += 1
-            tl.store(nodes_row + n, cand)
-            tl.store(out_row + n - 1, x)
-            cur = cand
+        parent = cur
+        taken, cur, n, cand = walk_advance(coin * qx * mass < wx, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
+        if taken:
             mass = row_sum_f64(p_base + cur * V, V, BLOCK_V)
             in_scratch = 0
-            cand = tl.load(nt_row + cur)
         else:
             if in_scratch != 0:
-                new_mass = _residual_update(scr + slot * V, q_base + cur * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
+                new_mass = _residual_update(scr + slot * V, q_base + parent * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
             else:
-                new_mass = _residual_update(p_base + cur * V, q_base + cur * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
+                new_mass = _residual_update(p_base + parent * V, q_base + parent * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
             tl.debug_barrier()  # the new slot is read by other threads below
             if new_mass > 0.0:
                 mass = new_mass
                 slot = 1 - slot
                 in_scratch = 1
-            cand = tl.load(ns_row + cand)
         steps += 1
 
     thr = tl.load(u_row + cur * 2 + 1).to(tl.float64) * mass
@@ -179,8 +152,7 @@ def _verify_speculative_kernel(
         t = sample_row(scr + slot * V, thr, V, tok_row, ns_row, cand, N, False, BLOCK_V)
     else:
         t = sample_row(p_base + cur * V, thr, V, tok_row, ns_row, cand, N, False, BLOCK_V)
-    tl.store(out_row + n, t)  # the bonus / correction token
-    tl.store(len_ptr + b, n)
+    walk_finish(out_row, len_ptr + b, n, t)  # the bonus / correction token
 
 
 @triton_op("specdec::verify_speculative", mutates_args=())
@@ -192,7 +164,7 @@ def verify_speculative_triton(
     draft_probs: torch.Tensor,
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Kernel launcher, same signature as `verify_speculative_torch` (all tensors contiguous)."""
+    """Kernel launcher, same signature as `verify_speculative_ref` (all tensors contiguous)."""
     B, N, V = target_probs.shape
     dev = tokens.device
     accept_length = torch.empty(B, dtype=torch.int64, device=dev)

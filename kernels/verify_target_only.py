@@ -1,6 +1,7 @@
 """Target-only tree rejection sampling: Triton kernel, PyTorch reference, `specdec::verify_target_only`.
 
-The rule (SGLang / EAGLE "target-only", thresholds 1): at node u with target p = p_u, keep a
+The rule (SGLang / EAGLE "target-only", thresholds 1), over the shared walk of
+`walk_common`: at node u with target p = p_u, keep a
 residual r (p with the tokens of already rejected children of u removed) and its float64
 mass R (R starts as the float64 sum of p_u). Test u's children in `next_token` /
 `next_sibling` order; child c with token x and coin uniforms[b, c, 0]:
@@ -26,66 +27,45 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .sample_rule import row_sum_f64, sample_index_torch, sample_row
-from .walk_common import empty_acceptance, init_acceptance_row
+from .sample_rule import row_sum_f64, sample_index_ref, sample_row
+from .walk_common import TreeWalkRef, init_acceptance_row, walk_advance, walk_finish
 
-__all__ = ["verify_target_only_torch", "verify_target_only_triton"]
+__all__ = ["verify_target_only_ref", "verify_target_only_triton"]
 
 
-def verify_target_only_torch(
+def verify_target_only_ref(
     tokens: torch.Tensor,  # [B, N] int64
     next_token: torch.Tensor,  # [B, N] int64
     next_sibling: torch.Tensor,  # [B, N] int64
     target_probs: torch.Tensor,  # [B, N, V] float
     uniforms: torch.Tensor,  # [B, N, 2] float32/float64 in [0, 1)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference: one tested child per request per iteration, vectorized over the batch.
-
-    Loops at most N - 1 times; in eager mode it stops once every request is done (one host
-    sync per iteration), under torch.compile it runs all N - 1 rounds (no sync, no graph
-    break). The kernel has no sync either way.
-    """
+    """Reference: the rule above over the shared walk (`TreeWalkRef`), vectorized over the batch."""
     B, N, V = target_probs.shape
     dev = tokens.device
-    rows = torch.arange(B, device=dev)
     u = uniforms.to(torch.float64)  # [B, N, 2]
-    accept_length, accept_nodes, accept_tokens = empty_acceptance(tokens)
-    cur = torch.zeros(B, dtype=torch.int64, device=dev)
-    cand = next_token[:, 0].clone()  # [B] child under test, -1 when exhausted
+    walk = TreeWalkRef(tokens, next_token, next_sibling)
+    rows = walk.rows
     mass = target_probs[:, 0].to(torch.float64).sum(-1)  # [B] residual mass R
     rejected = torch.full((B, N), -1, dtype=torch.int64, device=dev)  # tokens rejected at cur
     num_rejected = torch.zeros(B, dtype=torch.int64, device=dev)
-    for _ in range(N - 1):
-        live = cand >= 0
-        if not torch.compiler.is_compiling() and not bool(live.any()):
-            break  # eager: stop when every request is done (compiled: a fixed N - 1 rounds)
-        c = cand.clamp(min=0)
-        x = torch.where(live, tokens[rows, c], 0)  # [B] (finished rows read token 0)
+    for live, c, x in walk.rounds():
         dup = (rejected == x[:, None]).any(-1)
-        px = torch.where(dup, 0.0, target_probs[rows, cur, x].to(torch.float64))  # r(x)
+        px = torch.where(dup, 0.0, target_probs[rows, walk.cur, x].to(torch.float64))  # r(x)
         accept = live & (u[rows, c, 0] * mass < px)
         reject = live & ~accept
-
         rejected[rows, num_rejected] = torch.where(reject, x, rejected[rows, num_rejected])
         num_rejected = num_rejected + reject
         mass = torch.where(reject, mass - px, mass)
-
-        n = accept_length + accept
-        prev = (n - 1).clamp(min=0)
-        accept_nodes[rows, n] = torch.where(accept, c, accept_nodes[rows, n])
-        accept_tokens[rows, prev] = torch.where(accept, x, accept_tokens[rows, prev])
-        accept_length = n
-        cur = torch.where(accept, c, cur)
-        mass = torch.where(accept, target_probs[rows, cur].to(torch.float64).sum(-1), mass)
+        walk.advance(live, c, x, accept)
+        mass = torch.where(accept, target_probs[rows, walk.cur].to(torch.float64).sum(-1), mass)
         rejected = torch.where(accept[:, None], -1, rejected)
         num_rejected = torch.where(accept, 0, num_rejected)
-        cand = torch.where(accept, next_token[rows, c], torch.where(live, next_sibling[rows, c], cand))
 
-    p_cur = target_probs[rows, cur].to(torch.float64)  # [B, V]
+    p_cur = target_probs[rows, walk.cur].to(torch.float64)  # [B, V]
     slot = torch.where(rejected >= 0, rejected, V)  # [B, N]; V = the spare column
     w = torch.cat([p_cur, p_cur.new_zeros(B, 1)], 1).scatter(1, slot, 0.0)[:, :V]  # children removed
-    accept_tokens[rows, accept_length] = sample_index_torch(w, u[rows, cur, 1] * mass, base=p_cur)
-    return accept_length, accept_nodes, accept_tokens
+    return walk.finish(sample_index_ref(w, u[rows, walk.cur, 1] * mass, base=p_cur))
 
 
 @triton.jit
@@ -102,7 +82,8 @@ def _verify_target_only_kernel(
     V,
     BLOCK_V: tl.constexpr,
 ):
-    """One program per request; reads full vocab rows only at the nodes of its path."""
+    """One program per request (the shared walk of `walk_common`); reads full vocab rows only
+    at the nodes of its path."""
     b = tl.program_id(0).to(tl.int64)
     nodes_row = nodes_ptr + b * N
     out_row = out_tok_ptr + b * N
@@ -130,22 +111,16 @@ def _verify_target_only_kernel(
         px = tl.load(p_base + cur * V + x).to(tl.float64)
         px = tl.where(dup != 0, 0.0, px)
         coin = tl.load(u_row + cand * 2).to(tl.float64)
-        if coin * mass < px:
-            n += 1
-            tl.store(nodes_row + n, cand)
-            tl.store(out_row + n - 1, x)
-            cur = cand
+        taken, cur, n, cand = walk_advance(coin * mass < px, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
+        if taken:
             mass = row_sum_f64(p_base + cur * V, V, BLOCK_V)
-            cand = tl.load(nt_row + cur)
         else:
             mass = mass - px
-            cand = tl.load(ns_row + cand)
         steps += 1
 
     thr = tl.load(u_row + cur * 2 + 1).to(tl.float64) * mass
     t = sample_row(p_base + cur * V, thr, V, tok_row, ns_row, tl.load(nt_row + cur), N, True, BLOCK_V)
-    tl.store(out_row + n, t)  # the bonus / correction token
-    tl.store(len_ptr + b, n)
+    walk_finish(out_row, len_ptr + b, n, t)  # the bonus / correction token
 
 
 @triton_op("specdec::verify_target_only", mutates_args=())
@@ -156,7 +131,7 @@ def verify_target_only_triton(
     target_probs: torch.Tensor,
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Kernel launcher, same signature as `verify_target_only_torch` (all tensors contiguous)."""
+    """Kernel launcher, same signature as `verify_target_only_ref` (all tensors contiguous)."""
     B, N, V = target_probs.shape
     accept_length = torch.empty(B, dtype=torch.int64, device=tokens.device)
     accept_nodes = torch.empty(B, N, dtype=torch.int64, device=tokens.device)

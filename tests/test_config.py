@@ -39,16 +39,27 @@ def test_explicit_capture_layer_outside_the_target_names_the_range():
         SpecConfig(layers_to_capture=(-1, 3))
 
 
+# Which tree names exist and which knobs each takes are the tree policy's rules (plugins add
+# policies), so these checks run when the policy is resolved (`registry.resolve_tree_policy`,
+# called by `resolve` and so by `SpecDecoder`), not in SpecConfig itself.
+def policy(**kw):
+    from specdec.registry import get_plugin_manager, resolve_tree_policy
+
+    return resolve_tree_policy(SpecConfig(**kw), pm=get_plugin_manager(load_entrypoints=False))
+
+
 def test_dynamic_tree_requires_topk():
     with pytest.raises(ConfigError, match=r"tree='dynamic' needs topk >= 1"):
-        SpecConfig(tree="dynamic")
+        policy(tree="dynamic")
     with pytest.raises(ConfigError, match=r"topk=0 is out of range; allowed: \[1, 64\]"):
         SpecConfig(tree="dynamic", topk=0)
 
 
 def test_topk_without_dynamic_tree_is_an_error():
-    with pytest.raises(ConfigError, match=r"topk=4 only applies to tree='dynamic'"):
-        SpecConfig(tree="linear", topk=4)
+    with pytest.raises(ConfigError, match=r"topk=4 does not apply to tree='linear'"):
+        policy(tree="linear", topk=4)
+    with pytest.raises(ConfigError, match=r"topk=2 does not apply to tree='static'"):
+        policy(tree="static", topk=2)
 
 
 def test_max_total_draft_tokens_defaults_to_topk_times_depth():
@@ -60,7 +71,9 @@ def test_max_total_draft_tokens_defaults_to_topk_times_depth():
 @pytest.mark.parametrize("total", [5, 49])
 def test_max_total_draft_tokens_must_lie_between_depth_and_topk_times_depth(total):
     with pytest.raises(ConfigError, match=rf"max_total_draft_tokens={total} is out of range; allowed: \[6, 48\]"):
-        SpecConfig(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=total)
+        policy(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=total)
+    with pytest.raises(ConfigError, match=r"max_total_draft_tokens=0 is out of range; allowed: \[1, 4095\]"):
+        SpecConfig(max_total_draft_tokens=0)
 
 
 def test_replace_recomputes_the_derived_budget():
@@ -69,8 +82,8 @@ def test_replace_recomputes_the_derived_budget():
 
 
 def test_unknown_tree_shape_lists_the_shapes():
-    with pytest.raises(ConfigError, match=r"tree='bushy' is unknown; allowed: \['linear', 'dynamic'\]"):
-        SpecConfig(tree="bushy")
+    with pytest.raises(ConfigError, match=r"tree='bushy' is not provided by any plugin; available: \['dynamic', 'linear', 'sampled', 'static'\]"):
+        policy(tree="bushy")
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,15 @@ def cfg(head, **kw):
     return SpecConfig(drafter="eagle3", max_batch_size=2, max_seq_len=64, plugin_options={"eagle3": {"checkpoint": head}}, **kw)
 
 
+def draft(config, info):
+    """The plugin's hook, called as the resolver calls it: with the tree policy and the verifier's capabilities."""
+    from specdec.registry import get_plugin_manager, resolve_tree_policy, verifier_caps
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    caps = verifier_caps(pm.hook.specdec_verify(config=config))
+    return plugin.specdec_draft(config, info, resolve_tree_policy(config, caps, pm), caps)
+
+
 def test_capture_layers_come_from_the_checkpoint_and_input_convention_ids_are_caught(head_path):
     info = TargetInfo(num_layers=L, hidden_size=D, vocab_size=V)
     assert plugin.specdec_capture_layers(cfg(head_path), info) == (1, 3, 4)
@@ -51,15 +60,15 @@ def test_capture_layers_come_from_the_checkpoint_and_input_convention_ids_are_ca
 
 
 def test_the_plugin_builds_a_drafter_sharing_the_targets_embedding(target, head_path):
-    drafter = plugin.specdec_draft(cfg(head_path, tree="dynamic", topk=2), target.info)
+    drafter = draft(cfg(head_path, tree="dynamic", topk=2), target.info)
     assert isinstance(drafter, Eagle3Drafter)
-    assert drafter.needs_hidden_states and not drafter.samples_drafts
+    assert drafter.reads == "captured" and not drafter.samples_drafts
     assert drafter.num_tree_slots == 2 * 5 + 1 and drafter.embed == target.model.embed
-    sampled = plugin.specdec_draft(cfg(head_path, verifier="speculative"), target.info)
+    sampled = draft(cfg(head_path, verifier="speculative"), target.info)
     assert sampled.samples_drafts
     model_obj = random_head(hidden_size=D, target_hidden_size=D, head_dim=16, capture_layers=(1, 3, 4))
     options = {"eagle3": {"model": model_obj, "seed": 3}}
-    built = plugin.specdec_draft(dataclasses.replace(cfg(head_path), plugin_options=options), target.info)
+    built = draft(dataclasses.replace(cfg(head_path), plugin_options=options), target.info)
     assert built.model is model_obj
 
 
@@ -67,13 +76,13 @@ def test_bad_heads_and_options_are_clear_errors(target, head_path, tmp_path):
     wrong = tmp_path / "wrong"
     save_eagle3(random_head(capture_layers=(1, 3, 4)), wrong)  # hidden 32, target has 64
     with pytest.raises(Eagle3CheckpointError, match="target_hidden_size=32, but the target's hidden_size is 64"):
-        plugin.specdec_draft(cfg(wrong), target.info)
+        draft(cfg(wrong), target.info)
     with pytest.raises(ConfigError, match="needs a head"):
-        plugin.specdec_draft(SpecConfig(drafter="eagle3"), target.info)
+        draft(SpecConfig(drafter="eagle3"), target.info)
     with pytest.raises(ConfigError, match=r"unknown keys \['chekpoint'\]"):
-        plugin.specdec_draft(SpecConfig(drafter="eagle3", plugin_options={"eagle3": {"chekpoint": head_path}}), target.info)
+        draft(SpecConfig(drafter="eagle3", plugin_options={"eagle3": {"chekpoint": head_path}}), target.info)
     with pytest.raises(ConfigError, match="shares the target's embeddings"):
-        plugin.specdec_draft(cfg(head_path), dataclasses.replace(target.info, model=None))
+        draft(cfg(head_path), dataclasses.replace(target.info, model=None))
 
 
 @pytest.mark.parametrize("tree, topk", [("linear", None), ("dynamic", 3)])

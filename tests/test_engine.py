@@ -67,7 +67,8 @@ def greedy_reference(table, prompt, n, eos=EOS):
 class ChainDrafter:
     """Proposes a chain of `depth` tokens from `guess(token) -> next token`."""
 
-    needs_hidden_states = False
+    reads = "nothing"  # required capabilities (specdec.strategies.Drafter)
+    runs_on_host = False
     samples_drafts = False
 
     def __init__(self, depth, guess, log=None):

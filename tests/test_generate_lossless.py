@@ -92,7 +92,8 @@ class OracleDrafter:
     """Proposes the target's own greedy continuation (known in advance; request i sits in
     slot i) as a chain, or as a tree where each right child has a wrong elder sibling."""
 
-    needs_hidden_states = False
+    reads = "nothing"  # required capabilities (specdec.strategies.Drafter)
+    runs_on_host = False
     samples_drafts = False
 
     def __init__(self, futures: dict[int, list[int]], depth: int, branchy: bool, wrong: bool = False):
@@ -214,8 +215,8 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(targets, head_path, tmp_pa
         dec.generate([[1] * 50], SamplingParams(max_new_tokens=8))
     with pytest.raises(ConfigError, match=r"temperature=0.8 needs a sampling verifier"):
         dec.generate([[1, 2]], SamplingParams(temperature=0.8, max_new_tokens=8))
-    with pytest.raises(ConfigError, match=r"3 prompts exceed max_batch_size=2"):
-        dec.generate([[1], [2], [3]], small)
+    # more prompts than slots is no error: they wait for a slot (continuous batching)
+    assert [len(r.token_ids) for r in dec.generate([[1], [2], [3]], SamplingParams(max_new_tokens=4, ignore_eos=True))] == [4] * 3
     with pytest.raises(ConfigError, match=r"prompt token ids \[96\] are out of range; allowed: \[0, 96\)"):
         dec.generate([[1, 96]], small)
     # Nothing was admitted by the failed calls; the decoder still works and is exact.

@@ -12,9 +12,10 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from specdec.config import ConfigError, SpecConfig
-from specdec.drafters.dynamic_tree import eagle2_tree
+from specdec.drafters.dynamic_tree import logq_expander
 from specdec.drafters.mtp_drafter import MTPDrafter, restricted_head
 from specdec.drafters.mtp_model import causal_attend
+from specdec.policies import top_candidates
 from specdec.strategies import DraftInput
 
 from _mtp_heads import D, V, random_mtp
@@ -105,7 +106,7 @@ def dense_logits(d: MTPDrafter, world: World, C: int, path: list[int]) -> torch.
 
 
 def reference_tree(d: MTPDrafter, world: World, C: int):
-    """The tree `dynamic_tree.eagle2_tree` grows when every node's distribution is `dense_logits`."""
+    """The tree the drafter's own policy grows when every node's distribution is `dense_logits`."""
     paths = [[]]  # paths of the previous call's rows
 
     def step(tokens, parent_slot):
@@ -115,7 +116,7 @@ def reference_tree(d: MTPDrafter, world: World, C: int):
         return torch.stack([torch.log_softmax(dense_logits(d, world, C, p), -1) for p in new])[None]
 
     root = torch.log_softmax(dense_logits(d, world, C, []), -1)[None]
-    grown = eagle2_tree(root, step, topk=d.topk, depth=d.depth, budget=d.budget)
+    grown = d.policy.grow(logq_expander(root, step, top_candidates), 1, root.device)
     return [int(world.seq[C])] + grown.tokens[0].tolist(), [-1] + grown.parents[0].tolist()
 
 
@@ -225,7 +226,7 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     inp.hidden = torch.zeros(3, cfg.num_tree_slots, 3 * D)
     with pytest.raises(ValueError, match=r"DraftInput.hidden has width 192; the MTP head reads .* width 64"):
         d.propose(inp)
-    assert d.needs_last_hidden and not d.needs_hidden_states
+    assert d.reads == "last_hidden" and not d.runs_on_host
 
 
 def _run(d, cfg, worlds, accepted):

@@ -1,5 +1,6 @@
-"""The n-gram drafter on token streams: options, matching, tree shape, slot lifecycle, and the
-acceptance it reaches on repetitive text under an oracle verifier (the true continuation)."""
+"""The n-gram drafter on token streams: options, matching, trees grown by the tree policies,
+slot lifecycle, and the acceptance it reaches on repetitive text under an oracle verifier (the
+true continuation)."""
 
 import random
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from specdec.config import ConfigError, SpecConfig
-from specdec.drafters.ngram_drafter import NgramDrafter, NgramIndex, NgramOptions, grow_tree
+from specdec.drafters.ngram_drafter import NgramDrafter, NgramIndex, NgramOptions
 from specdec.strategies import DraftInput
 
 
@@ -16,22 +17,19 @@ def cfg(**kw):
 
 
 def test_options_default_from_the_config_and_bad_values_are_clear_errors():
-    assert NgramOptions.from_config(cfg(max_draft_len=5)) == NgramOptions(1, 3, 5, 1)
-    tree = cfg(tree="dynamic", topk=3, max_draft_len=4, max_total_draft_tokens=10)
-    assert NgramOptions.from_config(tree) == NgramOptions(1, 3, 10, 3)
-    assert NgramOptions.from_config(tree, {"max_branches": 5, "min_match": 2, "max_match": 4}) == NgramOptions(2, 4, 10, 5)
+    assert NgramOptions.from_config(cfg(max_draft_len=5)) == NgramOptions(1, 3)
+    assert NgramOptions.from_config(cfg(), {"min_match": 2, "max_match": 4}) == NgramOptions(2, 4)
     bad = [
-        (cfg(), {"min_match": 4}, r"\['min_match'\]=4 is out of range; allowed: \[1, 3\]"),
-        (cfg(), {"max_match": 0}, r"\['max_match'\]=0 is out of range; allowed: \[1, 64\]"),
-        (cfg(max_draft_len=5), {"max_draft_tokens": 6}, r"\['max_draft_tokens'\]=6 is out of range; allowed: \[1, 5\]"),
-        (cfg(), {"max_branches": 2}, r"\['max_branches'\]=2 needs tree='dynamic'; tree='linear' drafts one chain"),
-        (tree, {"max_branches": 11}, r"\['max_branches'\]=11 is out of range; allowed: \[1, 10\]"),
-        (cfg(), {"max_match": 2.5}, r"\['max_match'\] must be an int, got 2.5"),
-        (cfg(), {"window": 3}, r"unknown keys \['window'\]; allowed: \['max_branches', 'max_draft_tokens', 'max_match', 'min_match'\]"),
+        ({"min_match": 4}, r"\['min_match'\]=4 is out of range; allowed: \[1, 3\]"),
+        ({"max_match": 0}, r"\['max_match'\]=0 is out of range; allowed: \[1, 64\]"),
+        ({"max_match": 2.5}, r"\['max_match'\] must be an int, got 2.5"),
+        ({"window": 3}, r"unknown keys \['window'\]; allowed: \['max_match', 'min_match'\]"),
+        # the tree's size and branching moved to the tree policy (tree, topk, max_total_draft_tokens)
+        ({"max_branches": 2}, r"keys \['max_branches'\] were removed: the tree's size and branching belong to the tree policy"),
     ]
-    for config, options, message in bad:
+    for options, message in bad:
         with pytest.raises(ConfigError, match=message):
-            NgramOptions.from_config(config, options)
+            NgramOptions.from_config(cfg(), options)
 
 
 def index_of(tokens, lo=1, hi=3):
@@ -40,24 +38,48 @@ def index_of(tokens, lo=1, hi=3):
     return index
 
 
-def test_the_longest_matching_suffix_wins_and_continuations_rank_by_count_then_recency():
+def test_the_longest_matching_suffix_wins_and_children_rank_by_count_then_recency():
     #          a b c 1 2 . b c 7 8 . a b c 3 4 . a b c 1 2 . x a b c
     stream = [10, 11, 12, 1, 2, 0, 11, 12, 7, 8, 0, 10, 11, 12, 3, 4, 0, 10, 11, 12, 1, 2, 0, 9, 10, 11, 12]
-    conts = index_of(stream).continuations(2)
-    assert conts == [[1, 2], [3, 4]]  # "a b c" (n=3) matched; [1, 2] twice; "b c 7 8" (n=2) never considered
-    recency = [10, 11, 12, 5, 0, 10, 11, 12, 6, 0, 10, 11, 12]
-    assert index_of(recency).continuations(1) == [[6], [5]]  # tie: the most recent first
-    assert index_of([1, 2, 3, 4]).continuations(3) == []  # nothing repeats
-    assert index_of([5, 1, 2, 9, 1, 2], lo=3, hi=3).continuations(2) == []  # below min_match
-    assert index_of([5, 1, 2, 9, 1, 2], lo=2, hi=3).continuations(3) == [[9, 1, 2]]  # clipped at the history's end
+    index = index_of(stream)
+    occ = index.match()
+    assert occ == [2, 13, 19]  # "a b c" (n=3) matched; "b c 7 8" (n=2) never considered
+    kids = index.children(occ)
+    assert [(tok, count) for tok, count, _ in kids] == [(1, 2), (3, 1)]  # 1 twice, then 3
+    assert [(tok, count) for tok, count, _ in index.children(kids[0][2])] == [(2, 2)]  # then 2 after "1"
+    recency = index_of([10, 11, 12, 5, 0, 10, 11, 12, 6, 0, 10, 11, 12])
+    assert [tok for tok, _, _ in recency.children(recency.match())] == [6, 5]  # tie: the most recent first
+    assert index_of([1, 2, 3, 4]).match() == []  # nothing repeats
+    assert index_of([5, 1, 2, 9, 1, 2], lo=3, hi=3).match() == []  # below min_match
+    tail = index_of([5, 1, 2, 9, 1, 2], lo=2, hi=3)
+    node = tail.match()
+    for want in (9, 1, 2):  # the continuation stops at the history's end
+        (tok, _, node), = tail.children(node)
+        assert tok == want
+    assert tail.children(node) == []
 
 
-def test_branches_merge_into_a_trie_in_rank_order_within_the_budget():
-    tokens, parents = grow_tree([[1, 2, 3], [1, 2, 4], [5, 6], [7]], max_branches=3, budget=10)
-    assert tokens == [1, 2, 3, 4, 5, 6] and parents == [0, 1, 2, 2, 0, 5]  # shared prefix 1 2; 7 past max_branches
-    tokens, parents = grow_tree([[1, 2, 3], [5, 6, 7]], max_branches=2, budget=4)
-    assert tokens == [1, 2, 3, 5] and parents == [0, 1, 2, 0]  # the second branch is cut where the budget ends
-    assert grow_tree([], 3, 5) == ([], [])
+def test_a_dynamic_tree_over_counted_continuations_keeps_the_likeliest_branches():
+    c = cfg(tree="dynamic", topk=2, max_draft_len=2, max_total_draft_tokens=4)
+    d = NgramDrafter(c, NgramOptions.from_config(c))
+    # after "0 7": 1 2 (three times), 3 4 (twice), 5 6 (once)
+    history = [0, 7, 1, 2, 0, 7, 1, 2, 0, 7, 3, 4, 0, 7, 1, 2, 0, 7, 3, 4, 0, 7, 5, 6, 0, 7]
+    d.prefill(0, torch.tensor(history), None)
+    tokens, parents, num_nodes = d.propose_host([-1, -1], [[], []], [7, 0], [True, False])
+    assert tokens[0].tolist() == [7, 1, 3, 2, 4] and parents[0].tolist() == [-1, 0, 0, 1, 2]
+    assert num_nodes.tolist() == [5, 1]
+    linear = cfg(max_draft_len=4)
+    chain = NgramDrafter(linear, NgramOptions.from_config(linear))
+    chain.prefill(0, torch.tensor([1, 2, 3, 1]), None)  # "1" -> 2 3 1, then the history ends
+    tokens, parents, num_nodes = chain.propose_host([-1, -1], [[], []], [1, 0], [True, False])
+    assert num_nodes.tolist() == [4, 1]  # a shorter chain: no continuation past the end
+    assert tokens[0, :4].tolist() == [1, 2, 3, 1] and parents[0].tolist() == [-1, 0, 1, 2, -1]
+
+
+def test_sampling_tree_policies_are_refused_by_name():
+    c = cfg(tree="sampled", topk=2, max_draft_len=2)
+    with pytest.raises(ConfigError, match=r"drafter='ngram' ranks counted continuations; tree='sampled' needs i.i.d. draws"):
+        NgramDrafter(c, NgramOptions.from_config(c))
 
 
 class Stream:

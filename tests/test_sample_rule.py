@@ -1,4 +1,4 @@
-"""The token draw rule: the Triton helper `sample_row` equals `sample_index_torch`, including
+"""The token draw rule: the Triton helper `sample_row` equals `sample_index_ref`, including
 the fallbacks (threshold past the total, every weight masked away) and block boundaries."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import triton.language as tl
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec.kernels.sample_rule import sample_index_torch, sample_row
+from specdec.kernels.sample_rule import sample_index_ref, sample_row
 from tree_cases import DEVICE
 
 
@@ -40,9 +40,9 @@ def kernel_draw(w: torch.Tensor, thr: torch.Tensor, masked: torch.Tensor | None,
 
 def torch_draw(w: torch.Tensor, thr: torch.Tensor, masked: torch.Tensor | None) -> torch.Tensor:
     if masked is None:
-        return sample_index_torch(w, thr)
+        return sample_index_ref(w, thr)
     ww = w.scatter(1, masked, 0.0)
-    return sample_index_torch(ww, thr, base=w)
+    return sample_index_ref(ww, thr, base=w)
 
 
 def test_fixed_cases_of_the_rule():

@@ -35,7 +35,7 @@ from tree_cases import DEVICE, ON_GPU, children_lists, ci_examples
 DELTA = 1e-6
 EPS_NUM = 1e-4
 TRIALS = 2**20 if ON_GPU else 2**16
-IMPL = "auto" if ON_GPU else "torch"
+IMPL = "auto" if ON_GPU else "ref"
 
 
 def tv_bound(categories: int, samples: int, delta: float = DELTA) -> float:

@@ -35,8 +35,11 @@ def world(tmp_path_factory):
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 96, (int(n),), generator=gen).tolist() for n in torch.randint(1, 30, (40,), generator=gen)]
     lengths = [int(n) for n in torch.randint(2, 24, (40,), generator=gen)]
-    solo_dec = SpecDecoder.from_pretrained(target, head, SpecConfig(**{**BASE, "max_batch_size": 1}))
-    solo = [solo_dec.generate([p], _greedy(n))[0].token_ids for p, n in zip(prompts, lengths)]
+    with pytest.MonkeyPatch.context() as mp:  # module fixtures run before `e2e_cpu`: the same setting here
+        if not torch.cuda.is_available():
+            mp.setenv("TRITON_INTERPRET", "0")
+        solo_dec = SpecDecoder.from_pretrained(target, head, SpecConfig(**{**BASE, "max_batch_size": 1}))
+        solo = [solo_dec.generate([p], _greedy(n), progress=False)[0].token_ids for p, n in zip(prompts, lengths)]
     return dict(target=target, head=head, prompts=prompts, lengths=lengths, solo=solo)
 
 

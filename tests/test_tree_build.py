@@ -15,7 +15,7 @@ from tree_cases import DEVICE as device
 from tree_cases import children_lists, ci_examples, kernel_sizes, make_trees, trees, unpack_mask
 
 KERNEL_BATCH, KERNEL_SLOTS = kernel_sizes(full=(8, 256), small=(3, 70))
-IMPLS = ["torch", "triton"]
+IMPLS = ["ref", "triton"]
 
 
 def _sizes(impl: str) -> dict:
@@ -62,7 +62,7 @@ def test_tree_meta_matches_the_parent_walk(impl, data):
 def test_kernel_equals_reference_bit_for_bit(case):
     note(f"seed={case.seed} shape={case.shape} B={case.batch} N={case.slots}")
     parents, num_nodes = case.parents.to(device), case.num_nodes.to(device)
-    ref = build_tree(parents, num_nodes, impl="torch")
+    ref = build_tree(parents, num_nodes, impl="ref")
     ker = build_tree(parents, num_nodes, impl="triton")
     for name in ("packed_mask", "positions", "next_token", "next_sibling", "retrieve_index"):
         assert torch.equal(getattr(ref, name), getattr(ker, name)), name

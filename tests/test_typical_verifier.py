@@ -23,7 +23,7 @@ from tree_cases import children_lists, trees
 
 
 def meta(parents, num_nodes):
-    return build_tree(parents, num_nodes, impl="torch")
+    return build_tree(parents, num_nodes, impl="ref")
 
 
 def oracle(parents, n, tokens, probs, threshold, alpha, max_depth):
@@ -92,8 +92,8 @@ def test_greedy_rows_accept_exactly_what_greedy_verification_accepts(t, seed):
     tree = meta(t.parents, t.num_nodes)
     verifier = TypicalVerifier(TypicalOptions(), max_depth=N - 1)
     sampling = SamplingTensors.from_params([SamplingParams()] * B)
-    got = verifier(tokens, tree, logits, sampling, generator=g)
-    ref = verify_greedy(tokens, tree, logits, impl="torch")
+    got = verifier(tokens, tree, logits, sampling, uniforms=torch.rand(B, N, 2, generator=g, dtype=torch.float64))
+    ref = verify_greedy(tokens, tree, logits, impl="ref")
     assert torch.equal(got.accept_length, ref.accept_length)
     assert torch.equal(got.accept_nodes, ref.accept_nodes)
     assert torch.equal(got.accept_tokens, ref.accept_tokens)

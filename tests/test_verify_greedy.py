@@ -41,7 +41,7 @@ def _assert_walk(case, tokens, logits, acc) -> None:
         assert acc.accept_tokens[b].tolist() == emitted + [-1] * (case.slots - a - 1)
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("impl", ["ref", "triton"])
 @given(data=st.data())
 def test_greedy_verification_equals_the_naive_python_walk(impl, data):
     max_batch, max_slots = (KERNEL_BATCH, KERNEL_SLOTS) if impl == "triton" else (8, 256)
@@ -50,7 +50,7 @@ def test_greedy_verification_equals_the_naive_python_walk(impl, data):
     seed = data.draw(st.integers(0, 2**31 - 1))
     note(f"seed={case.seed}/{seed} shape={case.shape} B={case.batch} N={case.slots} V={vocab}")
     tokens, logits = greedy_case(case, vocab, seed)
-    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="torch")
+    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="ref")
     acc = verify_greedy(tokens.to(device), tree, logits.to(device), impl=impl)
     _assert_walk(case, tokens, logits, acc.__class__(*(t.cpu() for t in vars(acc).values())))
 
@@ -61,15 +61,15 @@ def test_greedy_kernel_equals_reference_on_logits_and_on_argmax(case, vocab, see
     note(f"seed={case.seed}/{seed} shape={case.shape} B={case.batch} N={case.slots} V={vocab}")
     tokens, logits = greedy_case(case, vocab, seed, logit_dtype=torch.bfloat16)
     tokens, logits = tokens.to(device), logits.to(device)
-    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="torch")
-    ref = verify_greedy(tokens, tree, logits, impl="torch")
+    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="ref")
+    ref = verify_greedy(tokens, tree, logits, impl="ref")
     for target in (logits, logits.argmax(-1)):
         ker = verify_greedy(tokens, tree, target, impl="triton")
         for name in ("accept_length", "accept_nodes", "accept_tokens"):
             assert torch.equal(getattr(ref, name), getattr(ker, name)), name
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("impl", ["ref", "triton"])
 def test_ties_go_to_the_lowest_token_and_duplicate_siblings_to_the_first(impl):
     parents = torch.tensor([[-1, 0, 0, 0, 3]], device=device)
     tree = build_tree(parents, torch.tensor([5], device=device))

@@ -68,9 +68,9 @@ def _equal(a, b) -> None:
 def test_sampling_kernel_equals_reference_draw_for_draw(verifier, case, vocab, seed, u_dtype):
     note(f"seed={case.seed}/{seed} shape={case.shape} B={case.batch} N={case.slots} V={vocab}")
     tokens, target, draft = (t.to(device) for t in sampling_case(case, vocab, seed))
-    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="torch")
+    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="ref")
     u = torch.rand(case.batch, case.slots, 2, generator=torch.Generator().manual_seed(seed), dtype=u_dtype).to(device)
-    ref = _run(verifier, tokens, tree, target, draft, "torch", uniforms=u)
+    ref = _run(verifier, tokens, tree, target, draft, "ref", uniforms=u)
     ker = _run(verifier, tokens, tree, target, draft, "triton", uniforms=u)
     note(f"accept_length={ref.accept_length.tolist()}")
     _equal(ref, ker)
@@ -89,14 +89,14 @@ def test_sampling_kernel_equals_reference_through_long_runs_of_rejected_siblings
     draft[:, 0, tokens[0, 1:]] += 0.5  # ... and much draft mass
     target, draft = target / target.sum(-1, keepdim=True), draft / draft.sum(-1, keepdim=True)
     tokens, target, draft = tokens.to(device), target.to(device), draft.to(device)
-    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="torch")
+    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="ref")
     for trial in range(3):
         u = torch.rand(4, 16, 2, generator=g, dtype=torch.float64).to(device)
-        ref = _run(verifier, tokens, tree, target, draft, "torch", uniforms=u)
+        ref = _run(verifier, tokens, tree, target, draft, "ref", uniforms=u)
         _equal(ref, _run(verifier, tokens, tree, target, draft, "triton", uniforms=u))
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("impl", ["ref", "triton"])
 @pytest.mark.parametrize("verifier", ["target-only", "speculative"])
 @ci_examples(8, gpu=150)
 @given(data=st.data())
@@ -109,8 +109,8 @@ def test_greedy_rows_reduce_to_the_greedy_walk(verifier, impl, data):
     if data.draw(st.booleans()):
         draft = torch.zeros_like(draft).scatter_(-1, draft.argmax(-1, keepdim=True), 1.0)  # greedy drafter
     tokens, one_hot, draft = tokens.to(device), one_hot.to(device), draft.to(device)
-    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="torch")
-    want = verify_greedy(tokens, tree, one_hot, impl="torch")
+    tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="ref")
+    want = verify_greedy(tokens, tree, one_hot, impl="ref")
     got = _run(verifier, tokens, tree, one_hot, draft, impl, generator=torch.Generator(device).manual_seed(seed))
     _equal(want, got)
 
@@ -119,8 +119,8 @@ def test_greedy_rows_reduce_to_the_greedy_walk(verifier, impl, data):
 @given(case=trees(max_batch=8, max_slots=64), seed=st.integers(0, 2**31 - 1))
 def test_emitted_tokens_lie_on_a_tree_path_and_in_the_target_support(verifier, case, seed):
     tokens, target, draft = sampling_case(case, 17, seed)
-    tree = build_tree(case.parents, case.num_nodes, impl="torch")
-    acc = _run(verifier, tokens, tree, target, draft, "torch", generator=torch.Generator().manual_seed(seed))
+    tree = build_tree(case.parents, case.num_nodes, impl="ref")
+    acc = _run(verifier, tokens, tree, target, draft, "ref", generator=torch.Generator().manual_seed(seed))
     for b in range(case.batch):
         a = int(acc.accept_length[b])
         path, emitted = acc.accept_nodes[b].tolist(), acc.accept_tokens[b].tolist()
@@ -142,17 +142,17 @@ def test_emitted_tokens_lie_on_a_tree_path_and_in_the_target_support(verifier, c
 def test_a_generator_replays_its_draws_and_equals_explicit_uniforms(verifier):
     case = make_trees(6, 20, "layered", seed=3)
     tokens, target, draft = sampling_case(case, 17, seed=4)
-    tree = build_tree(case.parents, case.num_nodes, impl="torch")
-    runs = [_run(verifier, tokens, tree, target, draft, "torch", generator=torch.Generator().manual_seed(11)) for _ in range(2)]
+    tree = build_tree(case.parents, case.num_nodes, impl="ref")
+    runs = [_run(verifier, tokens, tree, target, draft, "ref", generator=torch.Generator().manual_seed(11)) for _ in range(2)]
     u = torch.rand(6, 20, 2, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
-    explicit = _run(verifier, tokens, tree, target, draft, "torch", uniforms=u)
+    explicit = _run(verifier, tokens, tree, target, draft, "ref", uniforms=u)
     _equal(runs[0], runs[1])
     _equal(runs[0], explicit)
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("impl", ["ref", "triton"])
 def test_a_draft_token_with_zero_draft_probability_is_accepted_iff_the_target_allows_it(impl):
-    tree = build_tree(torch.tensor([[-1, 0]] * 3, device=device), torch.tensor([2] * 3, device=device), impl="torch")
+    tree = build_tree(torch.tensor([[-1, 0]] * 3, device=device), torch.tensor([2] * 3, device=device), impl="ref")
     tokens = torch.tensor([[0, 1], [0, 2], [0, 3]], device=device)  # x = 1: p > 0 = q; 2: p = 0 < q; 3: p = q = 0
     target = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25] * 4], device=device).expand(3, 2, 4).contiguous()
     draft = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4], device=device).expand(3, 2, 4).contiguous()
@@ -166,7 +166,7 @@ def test_a_draft_token_with_zero_draft_probability_is_accepted_iff_the_target_al
 def test_sampling_verifiers_reject_bad_arguments():
     case = make_trees(2, 5, "chain", seed=0, padded=False)
     tokens, target, draft = sampling_case(case, 7, seed=0)
-    tree = build_tree(case.parents, case.num_nodes, impl="torch")
+    tree = build_tree(case.parents, case.num_nodes, impl="ref")
     with pytest.raises(ValueError, match="either uniforms= .* or generator="):
         verify_target_only(tokens, tree, target, uniforms=torch.rand(2, 5, 2), generator=torch.Generator())
     with pytest.raises(ValueError, match=r"uniforms must be \[2, 5, 2\] float32 or float64"):

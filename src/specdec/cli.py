@@ -1,4 +1,4 @@
-"""The `specdec` command: `specdec generate ...`, `specdec plugins`, `specdec train ...`.
+"""The `specdec` command: `specdec generate ...`, `specdec serve ...`, `specdec plugins`, `specdec train ...`.
 
 A thin front over the library; every subcommand has a Python equivalent. Owns the flags
 (every `SpecConfig` and `SamplingParams` field, derived in `cli_flags.py`), the aliases of
@@ -10,8 +10,8 @@ SPECDEC_TRACEBACK=1 for the traceback).
 
 Adding a subcommand is one decorated function (see `command`):
 
-    @command("serve", "serve completions over HTTP", configure=add_model_flags)
-    def _serve(args) -> int:
+    @command("bench", "time a decoder", configure=add_model_flags)
+    def _bench(args) -> int:
         dec = load_decoder(args, config_from_args(args, num_prompts=...))
         ...
 
@@ -191,6 +191,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                        help="cpu, cuda or cuda:N; auto = cuda when present, else cpu (default: %(default)s)")
     model.add_argument("--dtype", default="float32", choices=DTYPES,
                        help="parameter dtype of the target (default: %(default)s)")
+    model.add_argument("--tp", type=int, default=1, metavar="N",
+                       help="tensor-parallel ranks of the target; run under torchrun --nproc-per-node N "
+                            "(default: %(default)s)")
     names = _strategy_names()
     extra = {kind: "installed: " + ", ".join(names[kind]) for kind in ("drafter", "tree", "verifier") if kind in names}
     shown = {"drafter": "the --draft head's kind, else none", "max_batch_size": "the number of prompts",
@@ -252,6 +255,7 @@ def check_before_loading(args, config, params=None) -> None:
         value = getattr(config, kind)
         if kind in names and value not in names[kind]:
             raise ConfigError(f"--{kind} {value}: not installed; available: {', '.join(names[kind])}")
+    _check_tree_policy(config)
     if params is not None and not params.greedy and _greedy_only(config):
         raise ConfigError(
             f"--temperature {params.temperature} needs a sampling verifier; --verifier {config.verifier} decodes "
@@ -263,6 +267,19 @@ def check_before_loading(args, config, params=None) -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     check_device(args.device)
     args.target_path = resolve_target(args.target)
+
+
+def _check_tree_policy(config) -> None:
+    """Build the tree policy `--tree` names for the configured verifier (needs no weights), so
+    its options (topk, the draft budget, static paths) are checked before loading."""
+    from .registry import get_plugin_manager, resolve_tree_policy, verifier_caps
+
+    pm = get_plugin_manager()
+    try:
+        caps = verifier_caps(pm.hook.specdec_verify(config=config))
+    except Exception:  # a verifier that cannot be built or read here: the decoder checks it again
+        caps = None
+    resolve_tree_policy(config, caps, pm)
 
 
 def _greedy_only(config) -> bool:
@@ -284,7 +301,7 @@ def load_decoder(args, config):
     start = time.perf_counter()
     _note(f"loading {args.target} on {args.device} ({args.dtype}) ...")
     dec = SpecDecoder.from_pretrained(str(args.target_path), None if args.draft_path is None else str(args.draft_path),
-                                      config, device=args.device, dtype=args.dtype)
+                                      config, device=args.device, dtype=args.dtype, tp_size=getattr(args, "tp", 1))
     head = f" + {args.draft}" if args.draft else ""
     _note(f"loaded {args.target}{head} (drafter={config.drafter}, verifier={config.verifier}) "
           f"in {time.perf_counter() - start:.1f} s")
@@ -308,6 +325,16 @@ def _plugins(args) -> int:
     return 0
 
 
+@command("check", "run the conformance kit (the hypothesis property suites) against installed strategies, "
+         "e.g. `specdec check greedy dynamic --device cuda --profile gpu`",
+         configure=lambda parser: __import__("specdec.testing.cli", fromlist=["add_arguments"]).add_arguments(parser))
+def _check(args) -> int:
+    """NAME ... (default: every installed strategy), --device, --profile; see `specdec.testing.cli`."""
+    from .testing.cli import run_args
+
+    return run_args(args)
+
+
 # ------------------------------------------------------------------------- train
 @command("train", "train a draft head (see `specdec train --help`)")
 def _train(args) -> int:  # reached only through `main`'s delegation below
@@ -327,6 +354,8 @@ def _generate_flags(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--system", default=None, metavar="TEXT", help="a system message before each prompt (chat only)")
     out.add_argument("--no-stream", dest="stream", action="store_false",
                      help="print each answer when it is complete instead of as it is generated")
+    out.add_argument("--time-phases", action="store_true",
+                     help="print the step time split into draft / verify / rest (steps run without CUDA graphs)")
 
 
 @command("generate", "generate with a target (and a draft head), streaming, with speed and acceptance",
@@ -342,6 +371,8 @@ def _generate(args) -> int:
     if args.system is not None and args.raw:
         raise ConfigError("--system applies to chat; drop --raw or --system")
     dec = load_decoder(args, config)
+    if not dec.tp.is_first:  # tensor-parallel: every rank generates the same tokens; rank 0 reports
+        sys.stdout = sys.stderr = open(os.devnull, "w")
     tok = dec.target.tokenizer
     chat = not args.raw and has_chat_template(tok)
     if args.system is not None and not chat:
@@ -350,6 +381,8 @@ def _generate(args) -> int:
         _note("the target has no chat template: prompts are sent as completions")
     prompts = [_conversation(t, args.system) if chat else t for t in texts]
     printer = _Printer(texts, sys.stdout)
+    if args.time_phases:
+        dec.time_phases(True)
     start = time.perf_counter()
     if args.stream and hasattr(dec, "stream"):
         for delta in dec.stream(prompts, params):
@@ -358,6 +391,7 @@ def _generate(args) -> int:
         for i, result in enumerate(dec.generate(prompts, params)):
             printer.result(i, result, time.perf_counter() - start)
     printer.total(time.perf_counter() - start)
+    _note(f"steps: {dec.step_times.summary()}")
     return 0
 
 
@@ -443,6 +477,44 @@ class _Printer:
             tokens = sum(self.tokens)
             print(f"total: {len(self.prompts)} prompts, {tokens} tokens, {seconds:.2f} s, "
                   f"{tokens / seconds if seconds > 0 else 0.0:.1f} tok/s", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------- serve
+def _serve_flags(parser: argparse.ArgumentParser) -> None:
+    add_model_flags(parser)
+    net = parser.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    net.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    net.add_argument("--model-name", default=None, help="the id /v1/models reports (default: from --target)")
+    net.add_argument("--no-warmup", dest="warmup", action="store_false",
+                     help="do not compile / capture before the first request")
+
+
+@command("serve", "an OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/models, /health, "
+         "/metrics (clients sample: the verifier defaults to target-only)", configure=_serve_flags)
+def _serve(args) -> int:
+    from .config import ConfigError
+
+    try:
+        import uvicorn
+
+        from .server import build_app
+    except ImportError as e:
+        raise ConfigError(f"specdec serve needs FastAPI and uvicorn: pip install 'specdec[serve]' ({e})") from e
+    if args.tp != 1:
+        raise ConfigError(f"--tp {args.tp}: specdec serve runs one process (tp 1); tensor parallelism is for "
+                          "`torchrun ... -m specdec.cli generate --tp N`")
+    if args.cfg_verifier is None:
+        args.cfg_verifier = "target-only"  # requests may sample; greedy requests stay greedy under it
+    config = config_from_args(args, num_prompts=8)
+    check_before_loading(args, config)
+    dec = load_decoder(args, config)
+    if args.warmup:
+        _note(f"warm-up took {dec.warmup(progress=True).seconds:.1f} s")
+    name = args.model_name or Path(str(args.target)).name.removesuffix(".gguf")
+    _note(f"serving {name} on http://{args.host}:{args.port}/v1 (max_batch_size={config.max_batch_size})")
+    uvicorn.run(build_app(dec, model_name=name), host=args.host, port=args.port, log_level="warning")
+    return 0
 
 
 # ------------------------------------------------------------------------- main

@@ -19,7 +19,7 @@ class ConfigError(ValueError):
     """A configuration value is outside its allowed range."""
 
 
-TREE_SHAPES = ("linear", "dynamic")
+MAX_TREE_SLOTS = 4096  # N = max_total_draft_tokens + 1 <= this
 
 
 def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
@@ -58,10 +58,10 @@ class SpecConfig:
     """
 
     drafter: str = "none"  # drafting strategy, e.g. "eagle3", "none" (target-only)
-    tree: str = "linear"  # draft shape: "linear" (chain) or "dynamic" (EAGLE-2 tree)
+    tree: str = "linear"  # tree policy: "linear", "dynamic" (EAGLE-2), "static", "sampled", or a plugin's
     verifier: str = "greedy"  # acceptance rule, e.g. "greedy", "target-only", "speculative"
     max_draft_len: int = 5  # D: draft depth (tokens per chain / tree layers)
-    topk: int | None = None  # K: children per expanded node; dynamic tree only
+    topk: int | None = None  # K: children per expanded node, for policies that branch by K
     max_total_draft_tokens: int | None = None  # draft nodes per step (N - 1); see __post_init__
     layers_to_capture: tuple[int, ...] | None = None  # target layer *outputs*; None = drafter default
     max_batch_size: int = 8  # B: request slots
@@ -81,8 +81,6 @@ class SpecConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a non-empty strategy name, got {value!r}")
-        if self.tree not in TREE_SHAPES:
-            raise ConfigError(f"tree={self.tree!r} is unknown; allowed: {list(TREE_SHAPES)}")
         _check_int("max_draft_len", self.max_draft_len, 1, 64)
         _check_int("max_batch_size", self.max_batch_size, 1, 4096)
         _check_int("max_seq_len", self.max_seq_len, 2, 1 << 20)
@@ -118,21 +116,13 @@ class SpecConfig:
                 )
             object.__setattr__(self, "graph_batch_sizes", sizes)
 
-        if self.tree == "dynamic":
-            if self.topk is None:
-                raise ConfigError("tree='dynamic' needs topk >= 1 (children per expanded node), got None")
+        # Which tree names exist, and which of topk / max_total_draft_tokens a tree takes, is the
+        # tree policy's to say (plugins add policies): `specdec.registry.resolve` checks both.
+        if self.topk is not None:
             _check_int("topk", self.topk, 1, 64)
-        elif self.topk is not None:
-            # An error, not a warning: a silently ignored knob hides a misconfigured benchmark.
-            raise ConfigError(
-                f"topk={self.topk} only applies to tree='dynamic'; tree={self.tree!r} drafts one chain. "
-                "Leave topk=None or set tree='dynamic'."
-            )
-
         if self.max_total_draft_tokens is None:
             object.__setattr__(self, "max_total_draft_tokens", self.max_draft_len * (self.topk or 1))
-        lo, hi = self.max_draft_len, self.max_draft_len * (self.topk or 1)
-        _check_int("max_total_draft_tokens", self.max_total_draft_tokens, lo, hi)
+        _check_int("max_total_draft_tokens", self.max_total_draft_tokens, 1, MAX_TREE_SLOTS - 1)
 
         if self.layers_to_capture is not None:
             layers = _int_tuple("layers_to_capture", self.layers_to_capture)

@@ -115,11 +115,14 @@ class SpecDecoder:
     """
 
     def __init__(self, target, config: SpecConfig, *, pm: pluggy.PluginManager | None = None, seed: int = 0):
+        from .distributed import SINGLE, check_spmd
         from .models.fused import use_compiled
         from .runtime.runner import ModelRunner
 
         self.target = target
         self.config = config
+        self.tp = getattr(target.model, "tp", SINGLE)  # the target's tensor-parallel group (size 1: none)
+        check_spmd(config, self.tp.size)
         info = dataclasses.replace(target.info, model=target.model)
         self.strategies = resolve(config, info, pm)
         device = next(target.model.parameters()).device
@@ -158,6 +161,18 @@ class SpecDecoder:
         """Run `observer.on_step(engine, accept_length)` on the host after every step's hand-off."""
         self.engine.observers.append(observer)
 
+    @property
+    def step_times(self):
+        """`step_timing.StepTimes` of every step so far: ms per step, and draft / verify / rest
+        for the steps run with `time_phases()` on."""
+        return self.engine.step_times
+
+    def time_phases(self, on: bool = True) -> None:
+        """Split each following step into draft / verify / rest (`step_times`). The split needs
+        boundaries a captured graph does not have, so steps then run eagerly (compiled pieces
+        stay compiled): a profile mode, slower with CUDA graphs on. No extra host sync."""
+        self.engine.phase_timing = bool(on)
+
     @classmethod
     def from_pretrained(
         cls,
@@ -169,6 +184,7 @@ class SpecDecoder:
         dtype: torch.dtype = torch.float32,
         pm: pluggy.PluginManager | None = None,
         seed: int = 0,
+        tp_size: int = 1,
     ) -> "SpecDecoder":
         """Load `target` (HF folder, .gguf, or an already loaded `Target`) and compose it with a drafter.
 
@@ -177,14 +193,33 @@ class SpecDecoder:
         drafter that runs no model (`drafter_caps.modules` empty, e.g. target-only or n-gram
         drafting) is an error, never silently ignored. `device` ("cpu", "cuda", "cuda:N") and
         `dtype` (a torch dtype or its name) are checked before anything loads.
+
+        `tp_size` > 1 shards the target over that many ranks of a torch.distributed job
+        (Megatron-style tensor parallelism, `specdec.distributed`): call it in every process of a
+        `torchrun --nproc-per-node N` job (the process group is created from torchrun's
+        environment when none exists; NCCL on CUDA with `NCCL_NVLS_ENABLE=0`, gloo on the CPU), with
+        the same arguments everywhere. Each rank loads only its shard; the draft head is replicated.
+        Every rank then runs the same engine on the same requests with the same seeds (SPMD) and
+        gets the same tokens; report from rank 0 (`decoder.tp.rank == 0`). `device="cuda"` means
+        `cuda:LOCAL_RANK`. Not with `adaptive=True` (each rank would time its own steps and choose
+        differently) nor with the threaded `AsyncEngine` / server (admission by wall clock).
+        A `tp_size` that does not split the model's heads / ffn, exceeds or does not divide the
+        world size, or has no process group to run in is a `ConfigError` before any weight loads.
         """
+        from .distributed import SINGLE, check_spmd, check_tp_size, tensor_parallel_group
         from .models import load_target
 
         config = SpecConfig() if config is None else config
         if not isinstance(config, SpecConfig):
             raise ConfigError(f"config must be a SpecConfig, got {type(config).__name__}")
+        check_spmd(config, check_tp_size(tp_size))
         if not hasattr(target, "model"):
-            target = load_target(target, device=check_device(device), dtype=check_dtype(dtype))
+            dev, dt = check_device(device), check_dtype(dtype)
+            tp, dev = tensor_parallel_group(tp_size, dev)
+            target = load_target(target, device=dev, dtype=dt, tp=tp)
+        elif getattr(target.model, "tp", SINGLE).size != tp_size:
+            held = getattr(target.model, "tp", SINGLE).size
+            raise ConfigError(f"tp_size={tp_size}, but the given target was loaded with tp_size={held}; pass tp_size={held}")
         if draft is not None:
             options = dict(config.plugin_options)
             options[config.drafter] = {**options.get(config.drafter, {}), "checkpoint": draft}
@@ -364,6 +399,11 @@ class SpecDecoder:
         """The decoder's `AsyncEngine` (started on first use)."""
         from .async_engine import AsyncEngine
 
+        if self.tp.size > 1:  # admission by wall clock would differ between ranks
+            raise ConfigError(
+                f"the AsyncEngine (and the server) cannot run with tp_size={self.tp.size}: each rank would admit "
+                "requests at different steps; use generate / stream, which every rank runs in lockstep"
+            )
         if getattr(self, "_async", None) is None:
             self._async = AsyncEngine(self).start()
         return self._async

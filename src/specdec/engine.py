@@ -46,6 +46,7 @@ from .adaptive import AdaptivePolicy, CostModel
 from .registry import Strategies
 from .request import FINISHED, PREFILLING, RUNNING, WAITING, RequestState
 from .runtime.kv_cache import KVCacheError
+from .step_timing import PhaseTimer, StepTimes
 from .step import DeviceStep, StepState
 from .strategies import TargetInfo
 from .types import TreeMeta
@@ -171,8 +172,12 @@ class SpecEngine:
         self.eos_token_ids = tuple(runner.info.eos_token_ids)
         self.pool_positions = getattr(runner, "pool_positions", None)  # None = unbounded (test runners)
         self.model_context = getattr(runner, "model_context", None)  # the model's max_position_embeddings
-        self.chain = config.tree == "linear"
+        caps = strategies.policy_caps  # None: strategies assembled by hand, without a tree policy
+        self.chain = caps is None or caps.chain  # one draft per depth: any budget cuts it cleanly
         self.last_step_seconds = 0.0
+        self.step_times = StepTimes()  # every step's time; split by phase while `phase_timing` is on
+        self.phase_timing = False  # split steps into draft / verify / rest (runs them eagerly)
+        self._timer = PhaseTimer(self.device)
         # host copies the host drafter reads: last step's emitted tokens per slot
         self._last_accept = [-1] * B
         self._last_tokens: list[list[int]] = [[] for _ in range(B)]
@@ -314,15 +319,21 @@ class SpecEngine:
         return True
 
     def _advance_prefills(self) -> None:
-        """One chunk of the oldest prefilling request while others run; all of them otherwise."""
+        """Prefill chunks, oldest request first, up to `prefill_chunk_size` prompt tokens per
+        iteration while others run (so they wait at most one chunk's worth; several short
+        prompts share an iteration, a long one takes one chunk of it), until one runs otherwise."""
+        budget, spent = self.config.prefill_chunk_size, 0
         while True:
             prefilling = sorted((r for r in self.slots if r is not None and r.status == PREFILLING),
                                 key=lambda r: r.admitted)
             if not prefilling:
                 return
-            self._prefill_step(prefilling[0])
-            if self.running():
+            request = prefilling[0]
+            chunk = min(budget, len(request.prefill_tokens) - request.prefilled)
+            if spent and spent + chunk > budget and self.running():
                 return
+            self._prefill_step(request)
+            spent += chunk
 
     def _prefill_step(self, request: RequestState) -> None:
         try:
@@ -511,10 +522,15 @@ class SpecEngine:
         """The device part of the step (no host sync inside)."""
         guard = _sync_guard() if self.check_syncs and self.device.type == "cuda" else contextlib.nullcontext()
         with guard:
-            if self.cuda_graphs:
+            if self.cuda_graphs and not self.phase_timing:
                 self.graphs[(b, speculative)].replay()
             else:
-                self._step_fn(speculative)(self.state.rows(b), self._kv_len_bound(b))
+                step = self._step_fn(speculative)
+                step.timer = self._timer if self.phase_timing else None
+                try:
+                    step(self.state.rows(b), self._kv_len_bound(b))
+                finally:
+                    step.timer = None
 
     @torch.inference_mode()
     def step(self) -> None:
@@ -554,6 +570,7 @@ class SpecEngine:
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
             self._emit(request, emitted)
         self.last_step_seconds = time.perf_counter() - t0
+        self.step_times.add(self.last_step_seconds, self._timer.read() if self.phase_timing else None)
         if self.adaptive:
             self.costs.update(b, speculative, self.last_step_seconds)
         for obs in self.observers:

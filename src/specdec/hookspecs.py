@@ -1,8 +1,9 @@
 """Every way a plugin can change specdec. Read this file first.
 
-One speculative step runs five stages, each supplied by a hook:
+One speculative step runs these stages, each supplied by a hook:
 
-    capture -> draft -> build tree -> verify -> relocate KV
+    capture -> draft (a drafter expands frontiers, a tree policy keeps nodes)
+            -> build tree -> verify -> relocate KV
 
 Hooks are resolved *once*, by `specdec.registry.resolve(config, ...)`, before anything is
 compiled: each returns the strategy for the config (a tensor function or a small object of
@@ -26,7 +27,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from .config import SpecConfig
-    from .strategies import Drafter, KVRelocator, TargetInfo, TreeBuilder, Verifier
+    from .registry import VerifierCaps
+    from .strategies import Drafter, KVRelocator, TargetInfo, TreeBuilder, TreePolicy, Verifier
 
 PROJECT = "specdec"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -35,10 +37,10 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def specdec_strategy_names() -> dict[str, list[str]]:
-    """Names this plugin answers to, by kind: ``{"drafter": [...], "verifier": [...]}``.
+    """Names this plugin answers to, by kind: ``{"drafter": [...], "verifier": [...], "tree": [...]}``.
 
-    Called at resolve time; the union over plugins is what a config may name. Kinds are
-    "drafter" and "verifier" (tree shapes are the fixed set of `SpecConfig.tree`).
+    Called at resolve time; the union over plugins is what a config may name
+    (`config.drafter`, `config.verifier`, `config.tree`).
     """
 
 
@@ -56,14 +58,34 @@ def specdec_capture_layers(config: SpecConfig, target: TargetInfo) -> tuple[int,
 
 
 @hookspec(firstresult=True)
-def specdec_draft(config: SpecConfig, target: TargetInfo) -> Drafter | None:
-    """The drafter named by ``config.drafter``, shaped by ``config.tree``, or None.
+def specdec_tree_policy(config: SpecConfig, verifier: VerifierCaps) -> TreePolicy | None:
+    """The tree policy named by ``config.tree``, or None: which nodes a draft tree keeps.
+
+    Called once, after the verifier is resolved: ``verifier`` holds its capabilities, and
+    when ``verifier.needs_draft_probs`` the policy must have ``samples = True`` (its
+    candidates are i.i.d. draws, kept whole) or the resolver refuses the pair. The policy
+    (`specdec.strategies.TreePolicy`) declares a static shape (depth D, frontier widths
+    F_t, candidates per node K_t, tree slots S) and ``grow(expand, batch, device) ->
+    GrownTree`` calls the drafter's ``expand(Frontier) -> Candidates`` (tokens and
+    log-probabilities [B, F_t, K_t]) D times with fixed shapes, so it is captured with the
+    step. Options travel in ``config.plugin_options[<the policy's name>]``. Built-ins:
+    `specdec.plugins.tree_policies`; subclass `specdec.policies.FrontierPolicy` to write one.
+    """
+
+
+@hookspec(firstresult=True)
+def specdec_draft(config: SpecConfig, target: TargetInfo, policy: TreePolicy, verifier: VerifierCaps) -> Drafter | None:
+    """The drafter named by ``config.drafter``, growing its trees with ``policy``, or None.
 
     The returned object proposes, each step, a `DraftTree` with
     ``tokens [B, N] int64``, ``parents [B, N] int64`` (topological, root -1) and
     ``num_nodes [B] int64`` from the captured hidden states and the accepted tokens, where
-    N = ``config.num_tree_slots``. Its capability flags (`needs_hidden_states`, ...) tell
-    the engine what to prepare; the engine never asks for its name.
+    N = ``policy.num_nodes + 1`` <= ``config.num_tree_slots``. A drafter that expands
+    frontiers samples its candidates exactly when ``policy.samples`` and returns
+    ``draft_probs`` exactly when ``verifier.needs_draft_probs``. Its required capabilities
+    (`reads`, `runs_on_host`, `samples_drafts`, `num_tree_slots`; `specdec.strategies.Drafter`)
+    tell the engine what to prepare; the engine never asks for its name. An implementation
+    may take only the arguments it uses (``config, target``).
     """
 
 
@@ -83,10 +105,12 @@ def specdec_verify(config: SpecConfig) -> Verifier | None:
     """The verifier named by ``config.verifier``, or None.
 
     Called as ``verifier(tokens [B, N], tree: TreeMeta, target_logits [B, N, V],
-    sampling: SamplingTensors, draft_probs=[B, N, V] | None, generator=None, uniforms=None)
+    sampling: SamplingTensors, *, uniforms=[B, N, 2] | None, draft_probs=[B, N, V] | None)
     -> Acceptance`` with ``accept_length [B]``, ``accept_nodes [B, N]`` (root first) and
-    ``accept_tokens [B, N]`` (accepted drafts then the bonus token). ``verifier.lossless``
-    says whether its output provably follows the target; the engine reports it.
+    ``accept_tokens [B, N]`` (accepted drafts then the bonus token). Required capabilities:
+    ``lossless`` (its output provably follows the target; the engine reports it),
+    ``needs_draft_probs`` (only then ``draft_probs`` is passed, and the tree policy and the
+    drafter sample) and ``greedy_only`` (then ``uniforms`` is None).
     """
 
 

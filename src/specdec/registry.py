@@ -1,9 +1,11 @@
-"""Plugin manager and build-time resolution of the five hooks into strategies.
+"""Plugin manager and build-time resolution of the hooks into strategies.
 
 `get_plugin_manager()` registers the built-in plugins and the third-party ones found under
 the entry-point group `specdec`. `resolve(config, target, pm)` asks each hook once and
 returns a `Strategies` record; the engine then runs those objects with no pluggy call in
-the step. Unknown strategy names fail here with the list of names that exist.
+the step. Unknown strategy names fail here with the list of names that exist. This is the
+only module that reads a strategy's capabilities off the object (`drafter_caps`,
+`verifier_caps`, `policy_caps`: required, typed, checked once).
 """
 
 from __future__ import annotations
@@ -17,9 +19,24 @@ import pluggy
 from . import hookspecs
 from .config import ConfigError, SpecConfig, resolve_capture_layers
 from .plugins import BUILTIN_PLUGINS
-from .strategies import Drafter, KVRelocator, TargetInfo, TreeBuilder, Verifier
+import torch
 
-__all__ = ["get_plugin_manager", "resolve", "Strategies", "DrafterCaps", "VerifierCaps", "strategy_names", "UnknownStrategyError"]
+from .strategies import READS, Drafter, KVRelocator, TargetInfo, TreeBuilder, TreePolicy, Verifier
+
+__all__ = [
+    "get_plugin_manager",
+    "resolve",
+    "resolve_tree_policy",
+    "Strategies",
+    "DrafterCaps",
+    "VerifierCaps",
+    "PolicyCaps",
+    "drafter_caps",
+    "verifier_caps",
+    "policy_caps",
+    "strategy_names",
+    "UnknownStrategyError",
+]
 
 ENTRY_POINT_GROUP = "specdec"
 
@@ -46,7 +63,7 @@ def get_plugin_manager(*, load_entrypoints: bool | None = None) -> pluggy.Plugin
 
 
 def strategy_names(pm: pluggy.PluginManager) -> dict[str, list[str]]:
-    """Union of the names every plugin declares, by kind (`drafter`, `verifier`)."""
+    """Union of the names every plugin declares, by kind (`drafter`, `verifier`, `tree`)."""
     names: dict[str, list[str]] = {}
     for answer in pm.hook.specdec_strategy_names():
         for kind, kind_names in (answer or {}).items():
@@ -95,29 +112,94 @@ class VerifierCaps:
     greedy_only: bool
 
 
-def _drafter_caps(drafter) -> DrafterCaps:
-    last_hidden = bool(getattr(drafter, "needs_last_hidden", False))
-    captured = bool(getattr(drafter, "needs_hidden_states", False))
-    if last_hidden and captured:
-        raise ConfigError("a drafter reads either captured layers or the last hidden state, not both")
+@dataclass(frozen=True)
+class PolicyCaps:
+    """A tree policy's capabilities and static shape, read once at resolve time."""
+
+    samples: bool
+    depth: int
+    widths: tuple[int, ...]
+    children: tuple[int, ...]
+    num_nodes: int
+
+    @property
+    def chain(self) -> bool:
+        """One draft per depth (every width and candidate count is 1): the trees are chains."""
+        return max(self.widths) == 1 and max(self.children) == 1
+
+
+def _required(obj, what: str, name: str, kind, doc: str, hint: str = ""):
+    """`obj.name`, which must exist and be of `kind` (a type or a tuple of allowed values)."""
+    if not hasattr(obj, name):
+        raise ConfigError(
+            f"{what} {type(obj).__name__} lacks the required capability {name!r} ({doc}); declare it as an "
+            f"attribute (see specdec.strategies){hint}"
+        )
+    value = getattr(obj, name)
+    ok = value in kind if isinstance(kind, tuple) else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        allowed = list(kind) if isinstance(kind, tuple) else kind.__name__
+        raise ConfigError(f"{what} {type(obj).__name__}.{name}={value!r} is not allowed; allowed: {allowed}")
+    return value
+
+
+def _optional_method(obj, name: str):
+    method = getattr(obj, name, None)
+    return method if callable(method) else None
+
+
+def drafter_caps(drafter) -> DrafterCaps:
+    """The typed capabilities of `drafter` (`specdec.strategies.Drafter`); ConfigError names a missing one."""
+    legacy = " (needs_hidden_states / needs_last_hidden became reads)" if hasattr(drafter, "needs_hidden_states") else ""
+    reads = _required(drafter, "drafter", "reads", READS, "what it reads of the target", legacy)
+    on_host = _required(drafter, "drafter", "runs_on_host", bool, "drafts between steps on the host")
+    samples = _required(drafter, "drafter", "samples_drafts", bool, "its trees carry draft_probs")
+    slots = _required(drafter, "drafter", "num_tree_slots", int, "the tree capacity N it proposes")
+    if slots < 1:
+        raise ConfigError(f"drafter {type(drafter).__name__}.num_tree_slots={slots} is out of range; allowed: >= 1")
+    if on_host and _optional_method(drafter, "propose_host") is None:
+        raise ConfigError(f"drafter {type(drafter).__name__} runs on the host but has no propose_host(...)")
+    lookahead = getattr(drafter, "kv_lookahead", 0)
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+        raise ConfigError(f"drafter {type(drafter).__name__}.kv_lookahead={lookahead!r} must be an int >= 0")
     model = getattr(drafter, "model", None)
     return DrafterCaps(
-        reads="captured" if captured else "last_hidden" if last_hidden else "nothing",
-        runs_on_host=bool(getattr(drafter, "runs_on_host", False)),
-        samples_drafts=bool(getattr(drafter, "samples_drafts", False)),
-        kv_lookahead=int(getattr(drafter, "kv_lookahead", 0)),
-        modules=(model,) if hasattr(model, "modules") else (),
-        attach=getattr(drafter, "attach", None),
-        use_compiled=getattr(drafter, "use_compiled", None),
+        reads=reads,
+        runs_on_host=on_host,
+        samples_drafts=samples,
+        kv_lookahead=lookahead,
+        modules=(model,) if isinstance(model, torch.nn.Module) else (),
+        attach=_optional_method(drafter, "attach"),
+        use_compiled=_optional_method(drafter, "use_compiled"),
     )
 
 
-def _verifier_caps(verifier) -> VerifierCaps:
+def verifier_caps(verifier) -> VerifierCaps:
+    """The typed capabilities of `verifier` (`specdec.strategies.Verifier`)."""
     return VerifierCaps(
-        lossless=bool(getattr(verifier, "lossless", False)),
-        needs_draft_probs=bool(getattr(verifier, "needs_draft_probs", False)),
-        greedy_only=bool(getattr(verifier, "greedy_only", False)),
+        lossless=_required(verifier, "verifier", "lossless", bool, "its output provably follows the target"),
+        needs_draft_probs=_required(verifier, "verifier", "needs_draft_probs", bool, "it reads DraftTree.draft_probs"),
+        greedy_only=_required(verifier, "verifier", "greedy_only", bool, "it decodes every row greedily"),
     )
+
+
+def policy_caps(policy) -> PolicyCaps:
+    """The typed capabilities and static shape of `policy` (`specdec.strategies.TreePolicy`)."""
+    what = "tree policy"
+    samples = _required(policy, what, "samples", bool, "its candidates are i.i.d. draws")
+    depth = _required(policy, what, "depth", int, "calls to expand")
+    widths = tuple(_required(policy, what, "widths", tuple, "frontier nodes per call"))
+    children = tuple(_required(policy, what, "children", tuple, "candidates per frontier node per call"))
+    num_nodes = _required(policy, what, "num_nodes", int, "draft slots of every tree")
+    for name in ("grow", "use_compiled"):
+        if _optional_method(policy, name) is None:
+            raise ConfigError(f"{what} {type(policy).__name__} lacks the required method {name}(...)")
+    if depth < 1 or len(widths) != depth or len(children) != depth or widths[0] != 1 or num_nodes < 1:
+        raise ConfigError(
+            f"{what} {type(policy).__name__} has an inconsistent shape: depth={depth}, widths={widths} "
+            f"(one per call, the first 1), children={children}, num_nodes={num_nodes} (>= 1)"
+        )
+    return PolicyCaps(samples=samples, depth=depth, widths=widths, children=children, num_nodes=num_nodes)
 
 
 @dataclass(frozen=True)
@@ -131,37 +213,79 @@ class Strategies:
     relocate_kv: KVRelocator
     drafter_caps: DrafterCaps | None = None  # filled by `resolve`
     verifier_caps: VerifierCaps | None = None
+    tree_policy: TreePolicy | None = None  # the policy the drafter grows its trees with
+    policy_caps: PolicyCaps | None = None
 
     def __post_init__(self) -> None:
         if self.drafter_caps is None:
-            object.__setattr__(self, "drafter_caps", _drafter_caps(self.drafter))
+            object.__setattr__(self, "drafter_caps", drafter_caps(self.drafter))
         if self.verifier_caps is None:
-            object.__setattr__(self, "verifier_caps", _verifier_caps(self.verifier))
+            object.__setattr__(self, "verifier_caps", verifier_caps(self.verifier))
+        if self.tree_policy is not None and self.policy_caps is None:
+            object.__setattr__(self, "policy_caps", policy_caps(self.tree_policy))
+
+
+def resolve_tree_policy(
+    config: SpecConfig, verifier: VerifierCaps | None = None, pm: pluggy.PluginManager | None = None
+) -> TreePolicy:
+    """The tree policy `config.tree` names, for a verifier with capabilities `verifier`
+    (default: one that needs no draft probabilities). Checks the name and the policy's shape."""
+    pm = pm or get_plugin_manager()
+    _check_name("tree", config.tree, strategy_names(pm))
+    verifier = verifier or VerifierCaps(lossless=True, needs_draft_probs=False, greedy_only=False)
+    policy = pm.hook.specdec_tree_policy(config=config, verifier=verifier)
+    if policy is None:
+        raise ConfigError(f"no plugin provides the tree policy for tree={config.tree!r}")
+    caps = policy_caps(policy)
+    if verifier.needs_draft_probs and not caps.samples:
+        raise ConfigError(
+            f"the verifier needs draft probabilities, but tree={config.tree!r} keeps candidates by their value "
+            "(its policy has samples=False); use a policy that draws i.i.d. children ('sampled', 'static', "
+            "'linear', 'dynamic') or verifier='target-only'"
+        )
+    if caps.num_nodes + 1 > config.num_tree_slots:
+        raise ConfigError(
+            f"tree={config.tree!r} grows {caps.num_nodes} draft nodes, more than max_total_draft_tokens="
+            f"{config.max_total_draft_tokens}"
+        )
+    return policy
 
 
 def resolve(config: SpecConfig, target: TargetInfo, pm: pluggy.PluginManager | None = None) -> Strategies:
-    """Ask each hook once, in pipeline order, for the strategy that `config` names."""
+    """Ask each hook once, in pipeline order, for the strategy that `config` names.
+
+    Order: verifier (its capabilities decide whether drafts are sampled), tree policy,
+    capture layers, drafter (given the policy and the verifier's capabilities), tree
+    builder, KV relocator. Every capability is read and type-checked here, once.
+    """
     pm = pm or get_plugin_manager()
     names = strategy_names(pm)
     _check_name("drafter", config.drafter, names)
     _check_name("verifier", config.verifier, names)
+    _check_name("tree", config.tree, names)
 
     hook = pm.hook
+    verifier = hook.specdec_verify(config=config)
+    if verifier is None:
+        raise ConfigError(f"no plugin provides the verifier for verifier={config.verifier!r}")
+    vcaps = verifier_caps(verifier)
+    policy = resolve_tree_policy(config, vcaps, pm)
     capture = hook.specdec_capture_layers(config=config, target=target)
     if capture is None:
         raise ConfigError(f"no plugin answered specdec_capture_layers for drafter={config.drafter!r}")
     capture = resolve_capture_layers(target.num_layers, tuple(capture)) if capture else ()
     found = dict(
-        drafter=hook.specdec_draft(config=config, target=target),
+        drafter=hook.specdec_draft(config=config, target=target, policy=policy, verifier=vcaps),
         build_tree=hook.specdec_build_tree(config=config),
-        verifier=hook.specdec_verify(config=config),
         relocate_kv=hook.specdec_relocate_kv(config=config),
     )
     for what, strategy in found.items():
         if strategy is None:
             raise ConfigError(f"no plugin provides {what} for config {config.drafter=}, {config.tree=}, {config.verifier=}")
-    strategies = Strategies(capture_layers=capture, **found)
-    if strategies.verifier_caps.needs_draft_probs and not strategies.drafter_caps.samples_drafts:
+    strategies = Strategies(
+        capture_layers=capture, verifier=verifier, verifier_caps=vcaps, tree_policy=policy, **found
+    )
+    if vcaps.needs_draft_probs and not strategies.drafter_caps.samples_drafts:
         raise ConfigError(
             f"verifier={config.verifier!r} needs draft probabilities, but drafter={config.drafter!r} "
             "does not sample its drafts; use verifier='target-only' or 'greedy'"

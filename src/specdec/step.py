@@ -138,12 +138,19 @@ class DeviceStep:
         self.host_drafter = strategies.drafter_caps.runs_on_host
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
         self.uniforms = _compiled_uniforms() if compiled else counter_uniforms
+        self.timer = None  # a `step_timing.PhaseTimer` while the engine times phases (eager steps only)
+
+    def _mark(self, phase: str) -> None:
+        if self.timer is not None:
+            self.timer.mark(phase)
 
     def __call__(self, state: StepState, kv_len: int) -> None:
         """Run one step on `state` (a bucket's views), writing every result into it in place.
 
         kv_len: static bound on the logical positions attention reads (python int).
         """
+        if self.timer is not None:
+            self.timer.start()
         if self.plain:
             return self._plain(state, kv_len)
         s = self.strategies
@@ -168,8 +175,10 @@ class DeviceStep:
             tokens, parents, num_nodes, draft_probs = draft.tokens, draft.parents, draft.num_nodes, draft.draft_probs
         num_nodes = torch.minimum(num_nodes, state.draft_budget + 1)  # [B] per-request budgets
         tree = s.build_tree(parents, num_nodes, out=state.tree)
+        self._mark("draft")
         live_nodes = torch.where(active, num_nodes, 0)  # [B]; idle slots run no rows
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, live_nodes, kv_len)  # [B, N, V]
+        self._mark("verify")
         B, N = tokens.shape
         uniforms = None
         if self.needs_draws:
@@ -199,7 +208,9 @@ class DeviceStep:
         tokens = state.root_tokens[:, None]  # [B, 1]
         ones = torch.ones(B, dtype=torch.int64, device=tokens.device)
         tree = s.build_tree(torch.full_like(tokens, -1), ones, out=state.tree1)
+        self._mark("draft")
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len)
+        self._mark("verify")
         u = self.uniforms(state.sampling.seed, state.committed_len, 2, STREAM_VERIFY)  # [B, 2], node 0's lanes
         token = sample_from_probs(probs_for(logits, state.sampling)[:, 0], u[:, 1])  # [B]
         accept_tokens = torch.full_like(state.accept_tokens, -1)

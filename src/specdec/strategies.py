@@ -1,21 +1,25 @@
 """The strategy objects that hooks return, as typing Protocols, plus `TargetInfo`.
 
-The engine talks to strategies only through these attributes and call signatures, and
-asks them for capabilities (`needs_hidden_states`, `lossless`, ...), never for names.
+The engine talks to strategies only through these attributes and call signatures. Their
+capabilities (`Drafter.reads`, `Verifier.needs_draft_probs`, `TreePolicy.samples`, ...) are
+*required* attributes: `specdec.registry.resolve` reads and type-checks them once, into
+`DrafterCaps` / `VerifierCaps` / `PolicyCaps`, and nothing else ever probes a strategy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import torch
 
 if TYPE_CHECKING:
-    from .types import Acceptance, DraftTree, SamplingTensors, TreeMeta
+    from .types import Acceptance, Candidates, DraftTree, Frontier, GrownTree, SamplingTensors, TreeMeta
 
-__all__ = ["TargetInfo", "Drafter", "TreeBuilder", "Verifier", "KVRelocator", "DraftInput"]
+__all__ = ["TargetInfo", "Drafter", "TreeBuilder", "Verifier", "KVRelocator", "DraftInput", "TreePolicy", "Expand", "READS"]
 
+READS = ("captured", "last_hidden", "nothing")  # what a drafter may read of the target
 
 @dataclass(frozen=True)
 class TargetInfo:
@@ -64,32 +68,37 @@ class DraftInput:
     active: torch.Tensor  # [B] bool
     sampling: SamplingTensors | None = None
     max_kv_len: int | None = None
+    draft: bool = True  # False: ingest the accepted paths only and return root-only trees (adaptive steps)
 
 
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes a draft tree each step.
 
-    needs_hidden_states: the engine must allocate a capture buffer and pass `hidden`.
-    samples_drafts:      the drafts were sampled (so `DraftTree.draft_probs` is set), as
-                         `verifier="speculative"` requires.
-    num_tree_slots:      N, the tree capacity this drafter proposes (1 = root only).
-    needs_last_hidden:   (optional, default False) the drafter reads the target's last hidden
-                         state (after the final norm) instead of captured layers, as MTP heads
-                         do; `DraftInput.hidden` / `prefill(hidden=)` then carry it, [.., d].
-    runs_on_host:        (optional, default False) the drafter cannot live inside the captured
-                         step (n-gram: a host suffix index): it drafts between steps from the
-                         token hand-off with `propose_host(accepted)` and the step starts at
-                         tree building.
-    kv_lookahead:        (optional, default 0) logical positions past `committed_len` that the
-                         drafter writes in its own KV during `propose` (a head's draft rows);
-                         the engine reserves max(N, kv_lookahead) positions ahead.
-    attach(cache):       (optional) called once with the target's `PagedKVCache` before any
-                         request: a drafter with its own KV puts it on that cache's allocator
-                         (`cache.layer_group(...)`), so one reservation backs both.
+    Required capabilities (class or instance attributes, checked by the resolver):
+
+    reads:          "captured" (target layer outputs: the engine allocates a capture buffer
+                    and passes `hidden`), "last_hidden" (the target's state after the final
+                    norm, [.., d], as MTP heads read) or "nothing".
+    runs_on_host:   False: `propose(inputs)` runs inside the captured step (fixed shapes, no
+                    host sync). True: it cannot (n-gram: a host suffix index); it drafts
+                    between steps with `propose_host(accept_length, accept_tokens,
+                    root_tokens, active) -> (tokens [B, N], parents [B, N], num_nodes [B])`
+                    (lists from the token hand-off in, CPU int64 tensors out) and the
+                    captured step starts at tree building.
+    samples_drafts: its trees carry `DraftTree.draft_probs` (children drawn i.i.d. from
+                    those rows), as verifiers with `needs_draft_probs` require.
+    num_tree_slots: N, the tree capacity it proposes (1 = root only), <= config.num_tree_slots.
+
+    Optional: `kv_lookahead` (int, default 0: logical positions past `committed_len` the
+    drafter writes in its own KV during `propose`; the engine reserves max(N, kv_lookahead)
+    ahead), `attach(cache)` (called once with the target's `PagedKVCache`: a drafter with its
+    own KV puts it on that cache's allocator), `use_compiled(on)` (switch its tensor glue to
+    compiled pieces), `model` (its torch module, compiled with the target's).
     """
 
-    needs_hidden_states: bool
+    reads: Literal["captured", "last_hidden", "nothing"]
+    runs_on_host: bool
     samples_drafts: bool
     num_tree_slots: int
 
@@ -120,27 +129,72 @@ class TreeBuilder(Protocol):
 class Verifier(Protocol):
     """Turns target logits on a tree into an `Acceptance`.
 
+    Required capabilities:
+
     lossless:          output provably equals target-only decoding (greedy) or follows the
                        target distribution (sampling). Lossy verifiers are reported as such.
-    needs_draft_probs: requires `DraftTree.draft_probs` (standard speculative sampling).
-    greedy_only:       (optional, default False) decodes every row greedily, so requests
-                       with temperature > 0 are refused instead of silently made greedy.
+    needs_draft_probs: requires `DraftTree.draft_probs` (standard speculative sampling); the
+                       resolver then makes the tree policy and the drafter sample.
+    greedy_only:       decodes every row greedily, so requests with temperature > 0 are
+                       refused instead of silently made greedy; the step draws no uniforms.
+
+    Called with what every verifier uses: the tree's tokens and metadata, the target's
+    logits on it, the rows' sampling parameters and the step's draws ``uniforms [B, N, 2]``
+    in [0, 1) (column 0: the coin of node i tested as a child; column 1: the bonus draw when
+    the walk ends at i; None for greedy-only verifiers). Only verifiers with
+    `needs_draft_probs` get ``draft_probs [B, N, V]``.
     """
 
     lossless: bool
     needs_draft_probs: bool
+    greedy_only: bool
 
     def __call__(
         self,
         tokens: torch.Tensor,  # [B, N] int64
         tree: TreeMeta,
         target_logits: torch.Tensor,  # [B, N, V]
-        sampling: SamplingTensors,
+        sampling: SamplingTensors | None,
         *,
-        draft_probs: torch.Tensor | None = None,  # [B, N, V]
-        generator: torch.Generator | None = None,
-        uniforms: torch.Tensor | None = None,  # [B, N, 2] explicit draws in [0, 1)
+        uniforms: torch.Tensor | None = None,  # [B, N, 2] float64 in [0, 1)
+        draft_probs: torch.Tensor | None = None,  # [B, N, V], needs_draft_probs only
     ) -> Acceptance: ...
+
+
+Expand = Callable[["Frontier"], "Candidates"]
+
+
+@runtime_checkable
+class TreePolicy(Protocol):
+    """Which nodes a draft tree keeps, as fixed-shape tensor functions (captured with the step).
+
+    A drafter only expands frontiers: ``expand(Frontier) -> Candidates`` (K candidate
+    children of each frontier node, with their draft log-probabilities). The policy calls it
+    `depth` times, call t with `widths[t]` frontier nodes and `children[t]` candidates each,
+    picks the next frontier among the candidates, records parents, and returns a
+    `GrownTree` of `num_nodes` slots. The shape (depth, widths, children, num_nodes) is
+    static: drafters size their own buffers (draft KV rows) from it at construction.
+
+    samples:   candidates must be i.i.d. draws with replacement from the draft distribution
+               (the policy keeps whole draws, never one by its own value: what speculative
+               sampling needs to stay exact); False: candidates are the top-K, distinct.
+    depth:     D, calls to `expand`; nodes reach depth <= D.
+    widths:    (F_0, ..., F_{D-1}) frontier nodes per call, F_0 = 1 (the root).
+    children:  (K_0, ..., K_{D-1}) candidates asked of each frontier node per call.
+    num_nodes: S, draft slots of every grown tree (N = S + 1 with the root).
+    """
+
+    samples: bool
+    depth: int
+    widths: tuple[int, ...]
+    children: tuple[int, ...]
+    num_nodes: int
+
+    def grow(self, expand: Expand, batch: int, device: torch.device) -> GrownTree:
+        """Grow `batch` trees by calling `expand` (see the class docstring); no host sync."""
+
+    def use_compiled(self, on: bool = True) -> None:
+        """Run the policy's own tensor glue (frontier selection) through torch.compile or not."""
 
 
 class KVRelocator(Protocol):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DraftTree", "TreeMeta", "Acceptance", "SamplingTensors"]
+__all__ = ["DraftTree", "TreeMeta", "Acceptance", "SamplingTensors", "Frontier", "Candidates", "GrownTree"]
 
 
 @dataclass
@@ -125,3 +125,62 @@ class SamplingTensors:
             self.temperature[:n], self.top_k[:n], self.top_p[:n], self.min_p[:n],
             None if self.seed is None else self.seed[:n],
         )
+
+
+# ------------------------------------------------------------------ tree policies and drafters
+@dataclass
+class Frontier:
+    """The nodes a tree policy asks its drafter to expand at one call (fixed shape per call).
+
+    depth:       python int t, the call's index (0 = the root; nodes expanded at call t sit
+                 at depth t, their children at depth t + 1).
+    tokens:      [B, F_t] int64 tokens of the frontier nodes (in the drafter's own ids), or
+                 None at call 0 (the frontier is the root, F_0 = 1).
+    parent_slot: [B, F_t] int64, row of the previous call's frontier that each node's parent
+                 is (all 0 at calls 0 and 1: the root).
+    k:           python int K_t, candidates wanted per frontier node.
+    """
+
+    depth: int
+    tokens: torch.Tensor | None  # [B, F] int64
+    parent_slot: torch.Tensor  # [B, F] int64
+    k: int
+
+
+@dataclass
+class Candidates:
+    """A drafter's answer to `Frontier`: K candidate children of each of the F frontier nodes.
+
+    tokens: [B, F, K] int64 child tokens, distinct per node (top-K) unless the policy samples
+            (then K i.i.d. draws with replacement from the node's draft distribution).
+    logq:   [B, F, K] float32 log-probabilities of the children under the draft, <= 0;
+            -inf marks "no candidate" (a host drafter with fewer continuations).
+    probs:  [B, F, Vd] float32 or None, each node's draft distribution the K were drawn from
+            (sampled drafts for verifiers that need draft probabilities).
+    """
+
+    tokens: torch.Tensor  # [B, F, K] int64
+    logq: torch.Tensor  # [B, F, K] float32
+    probs: torch.Tensor | None = None  # [B, F, Vd] float32
+
+
+@dataclass
+class GrownTree:
+    """What a tree policy returns: draft nodes 1..S of each request's tree (the root, node 0,
+    is not included), S = the policy's static `num_nodes`.
+
+    tokens:     [B, S] int64 draft tokens (the drafter's ids), topological order; 0 for padding
+    parents:    [B, S] int64 tree index of each node's parent (0 = root, i + 1 = tokens[:, i]);
+                -1 for padding
+    num_nodes:  [B] int64 valid draft nodes n (nodes 1..n; the rest is padding)
+    dist_index: [B, S] int64 row of `dists` the node's children were drawn from, -1 = none
+                (sampled trees with probabilities only, else None)
+    dists:      [B, E, Vd] float32 draft distributions of the expanded nodes (row 0 = the
+                root's), or None
+    """
+
+    tokens: torch.Tensor  # [B, S] int64
+    parents: torch.Tensor  # [B, S] int64
+    num_nodes: torch.Tensor  # [B] int64
+    dist_index: torch.Tensor | None = None  # [B, S] int64
+    dists: torch.Tensor | None = None  # [B, E, Vd] float32

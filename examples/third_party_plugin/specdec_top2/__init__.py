@@ -1,20 +1,31 @@
-"""A third-party specdec plugin: verifier="top2", accept a draft token if it is among the
-target's two most likely tokens there. Lossy (marked so); the bonus token is the argmax.
+"""A third-party specdec plugin with two strategies, using only public specdec objects:
+
+- verifier="top2": accept a draft token if it is among the target's two most likely tokens
+  there. Lossy (marked so); the bonus token is the argmax.
+- tree="binary": a full binary draft tree (every node expands its top-2 candidates, every
+  candidate is kept), depth ``plugin_options["binary"]["depth"]`` (default: max_draft_len);
+  it needs ``max_total_draft_tokens >= 2 + 4 + ... + 2**depth``. A `FrontierPolicy`: it
+  only says which candidates are expanded next and which the tree keeps, so every drafter
+  that expands frontiers (eagle3, mtp, ngram) grows its trees without knowing it.
 
 Installed with `pip install examples/third_party_plugin`, found through the entry-point group
-`specdec`, selected with `SpecConfig(verifier="top2")`. It uses only public specdec objects.
+`specdec`, selected with `SpecConfig(verifier="top2")` / `SpecConfig(tree="binary", ...)`.
 """
 
 import torch
 
 from specdec import Acceptance, hookimpl
+from specdec.config import ConfigError
+from specdec.plugins.options import plugin_options
+from specdec.policies import FrontierPolicy
 
 
 class Top2Verifier:
     lossless = False  # relaxed acceptance: output may differ from the target's greedy output
     needs_draft_probs = False
+    greedy_only = True  # the bonus is the argmax: sampled requests are refused, not silently made greedy
 
-    def __call__(self, tokens, tree, target_logits, sampling, *, draft_probs=None, generator=None, uniforms=None):
+    def __call__(self, tokens, tree, target_logits, sampling, *, uniforms=None, draft_probs=None):
         B, N = tokens.shape
         top2 = target_logits.topk(2, dim=-1).indices  # [B, N, 2]
         rows = torch.arange(B, device=tokens.device)
@@ -39,9 +50,43 @@ class Top2Verifier:
         return Acceptance(accept_length=length, accept_nodes=nodes, accept_tokens=out)
 
 
+class BinaryPolicy(FrontierPolicy):
+    """A full binary tree of `depth` levels: frontier widths 1, 2, 4, ..., two candidates each."""
+
+    def __init__(self, depth: int, *, samples: bool = False) -> None:
+        widths = tuple(2**t for t in range(depth))  # F_t nodes expanded at call t
+        super().__init__(widths, (2,) * depth, 2 ** (depth + 1) - 2, samples=samples, name="binary")
+
+    def _pick(self, t, score):  # score [B, F_t * 2]: every candidate is expanded next
+        return torch.arange(score.shape[1], device=score.device).expand(score.shape[0], -1)
+
+    def _select(self, scores):  # scores [B, M]: every candidate is kept (M = num_nodes)
+        return torch.arange(scores.shape[1], device=scores.device).expand(scores.shape[0], -1)
+
+
+def binary_policy(config, samples: bool) -> BinaryPolicy:
+    """The binary policy for `config`, validated: ConfigError names the bad value and the range."""
+    depth = plugin_options(config, "binary", {"depth"}).get("depth", config.max_draft_len)
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= config.max_draft_len:
+        raise ConfigError(f"plugin_options['binary']['depth']={depth!r} is not allowed; allowed: ints in [1, {config.max_draft_len}]")
+    nodes = 2 ** (depth + 1) - 2
+    if config.max_total_draft_tokens < nodes:
+        raise ConfigError(
+            f"tree='binary' of depth {depth} has {nodes} nodes; max_total_draft_tokens="
+            f"{config.max_total_draft_tokens} is too small (allowed: >= {nodes})"
+        )
+    return BinaryPolicy(depth, samples=samples)
+
+
 @hookimpl
 def specdec_strategy_names():
-    return {"verifier": ["top2"]}
+    return {"verifier": ["top2"], "tree": ["binary"]}
+
+
+@hookimpl
+def specdec_tree_policy(config, verifier):
+    # A fixed shape: with a verifier that needs draft probabilities, the children are i.i.d. draws.
+    return binary_policy(config, samples=verifier.needs_draft_probs) if config.tree == "binary" else None
 
 
 @hookimpl

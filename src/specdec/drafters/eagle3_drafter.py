@@ -22,23 +22,23 @@ __all__ = ["Eagle3Drafter"]
 
 
 class Eagle3Drafter(HeadDrafter):
-    """EAGLE-3 drafting, linear chain or EAGLE-2 dynamic tree.
+    """EAGLE-3 drafting, growing its trees with any tree policy (chain, EAGLE-2, static, sampled).
 
     Args:
         model: the head (`Eagle3Model`), on the device and dtype to run in.
         config: the engine's `SpecConfig` (B, N, D, K, tree shape, max_seq_len, block size).
         embed: the target's embedding, ``tokens [B, T] int64 -> [B, T, d]``; None when the
             head has its own ``embed_tokens``.
-        samples_drafts: sample drafts from the draft distribution and return `draft_probs`
-            (for verifier="speculative"); else drafts are argmax / top-K.
-        seed: of the draft-sampling generator.
+        samples_drafts: return `draft_probs` (for verifiers that need draft probabilities;
+            the policy then samples).
+        seed: mixed into the keys of the draft-sampling draws.
+        policy: the tree policy; None = the built-in one `config.tree` names.
 
-    Attributes (the `Drafter` protocol): needs_hidden_states = True, samples_drafts,
-    num_tree_slots = N.
+    Capabilities (the `Drafter` protocol): reads = "captured", runs_on_host = False,
+    samples_drafts, num_tree_slots = N.
     """
 
-    needs_hidden_states = True  # captured target layers, [.., n_capture * d_t]
-    needs_last_hidden = False
+    reads = "captured"  # captured target layers, [.., n_capture * d_t]
     kind = "EAGLE-3 head"
     hidden_name = "the captured target states (num_capture * target_hidden_size)"
 
@@ -50,6 +50,7 @@ class Eagle3Drafter(HeadDrafter):
         embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
         samples_drafts: bool = False,
         seed: int = 0,
+        policy=None,
     ) -> None:
         mcfg = model.config
         if embed is None:
@@ -60,6 +61,7 @@ class Eagle3Drafter(HeadDrafter):
             model, config, embed=embed, hidden_size=mcfg.hidden_size, num_kv_heads=mcfg.num_key_value_heads,
             head_dim=mcfg.head_dim, draft_vocab_size=mcfg.draft_vocab_size, vocab_size=mcfg.vocab_size,
             target_ids=model.target_ids(), hidden_width=mcfg.fc_in_features, samples_drafts=samples_drafts, seed=seed,
+            policy=policy,
         )
 
     def _forward(self, embeds, hidden, positions, attend, *, first: bool):

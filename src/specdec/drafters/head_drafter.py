@@ -19,14 +19,16 @@ Each `propose`:
    D + 1 with masked rows) at positions committed_len - a - 1 .. committed_len - 1, a causal
    paged-attention forward; their K/V overwrite whatever the draft wrote there before. The
    last valid row becomes `ctx_hidden` / `root_logits`.
-2. draft: D - 1 fixed-shape forwards of F rows per slot (F = K for the EAGLE-2 tree, else 1)
-   at RoPE positions committed_len + depth - 1, each reading its parent row's output. Draft
-   row f of forward t is stored at logical position committed_len + t * F + f (positions the
-   next ingest overwrites), and attends over the committed prefix plus its ancestors' rows
-   through a packed ancestor mask (`AttentionBatch.key_len`). Which nodes the tree keeps is
-   `dynamic_tree` (EAGLE-2 top-K expansion, or whole sampled groups when drafts are sampled
-   for `verifier="speculative"`, tempered by each slot's temperature, drawn with
-   counter-based uniforms keyed by the request's seed and position).
+2. draft: the tree policy (`specdec.strategies.TreePolicy`) calls `expand` D times; call 0
+   answers from `root_logits`, call t >= 1 is one fixed-shape forward of F_t rows per slot
+   (the policy's frontier width) at RoPE position committed_len + t - 1, each row reading
+   its parent row's output. Draft row f of forward t is stored at logical position
+   committed_len + (F_1 + ... + F_{t-1}) + f (positions the next ingest overwrites), and
+   attends over the committed prefix plus its ancestors' rows through a packed ancestor
+   mask (`AttentionBatch.key_len`). Each call answers the policy's K_t candidates per node:
+   the top-K of the draft distribution, or K i.i.d. draws when the policy samples (tempered
+   by each slot's temperature, counter-based uniforms keyed by the request's seed, position
+   and call). Which nodes the tree keeps is the policy's business alone.
 No `.item()`, no host-to-device copies and no branching on tensor values in `propose`;
 `prefill` and `reset_slot` are host-side, between steps. `propose` runs on the first B slots,
 B = the inputs' batch bucket.
@@ -48,14 +50,22 @@ from specdec.runtime.kv_cache import PagedKVCache
 from specdec.strategies import DraftInput
 from specdec.types import DraftTree
 
-from .dynamic_tree import eagle2_tree, expand_frontier, group_sizes, sampled_tree
+from specdec.policies.candidates import clean_logq
+from specdec.policies.shapes import builtin
+from specdec.types import Candidates, Frontier
 
 __all__ = ["HeadDrafter"]
 
 
+def _top(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, log-probabilities) [B, F, k] of the k best children (`top_candidates`' math)."""
+    lp, tok = clean_logq(logq.float()).topk(k, dim=-1)
+    return tok, lp
+
+
 @functools.cache
-def _compiled_expand():
-    return torch.compile(expand_frontier, dynamic=True, fullgraph=True)
+def _compiled_top():
+    return torch.compile(_top, dynamic=True, fullgraph=True)
 
 
 def _bit(k: int) -> int:
@@ -76,13 +86,15 @@ class HeadDrafter:
             than the target's: drafts map through it and `draft_probs` are scattered into
             V); None when the head predicts over the target's vocabulary itself (Vd == V).
         hidden_width: the width of the target states the first row reads (`DraftInput.hidden`).
-        samples_drafts: sample drafts from the (tempered) draft distribution and return
-            `draft_probs` (for verifier="speculative"); else drafts are argmax / top-K.
+        samples_drafts: return `draft_probs` with each tree (for verifiers that need draft
+            probabilities); the policy must then sample.
         seed: mixed into the keys of the draft-sampling draws (with each request's own seed).
+        policy: the tree policy (`specdec_tree_policy`); None = the built-in policy that
+            `config.tree` names, sampling iff `samples_drafts`.
     """
 
-    needs_hidden_states: bool  # reads captured target layers
-    needs_last_hidden: bool  # reads the target's last hidden state
+    reads: str  # "captured" or "last_hidden" (the `Drafter` capability)
+    runs_on_host = False  # drafts inside the captured step
     kind = "draft head"  # for messages
     hidden_name = "the target's hidden states"  # what `DraftInput.hidden` holds, for messages
 
@@ -101,16 +113,21 @@ class HeadDrafter:
         hidden_width: int,
         samples_drafts: bool = False,
         seed: int = 0,
+        policy=None,
     ) -> None:
         self.model = model.eval()
         self.embed = embed
         self.hidden_width = hidden_width
         self.samples_drafts = bool(samples_drafts)
-        self.num_tree_slots = config.num_tree_slots  # N
-        self.depth = config.max_draft_len  # D
-        self.dynamic = config.tree == "dynamic"
-        self.topk = config.topk if self.dynamic else 1  # K
-        self.budget = config.max_total_draft_tokens  # N - 1
+        self.policy = policy if policy is not None else builtin(config, samples=self.samples_drafts)
+        self.sample = self.policy.samples  # candidates are i.i.d. draws
+        if self.samples_drafts and not self.sample:
+            raise ConfigError(
+                f"the {self.kind} returns draft probabilities only for sampled drafts; tree={config.tree!r} "
+                "keeps candidates by value (policy.samples=False)"
+            )
+        self.num_tree_slots = self.policy.num_nodes + 1  # N
+        self.depth = self.policy.depth  # D
         self.max_seq_len = config.max_seq_len
         if target_ids is None and draft_vocab_size != vocab_size:
             raise ConfigError(
@@ -119,15 +136,15 @@ class HeadDrafter:
         if target_ids is not None and tuple(target_ids.shape) != (draft_vocab_size,):
             raise ConfigError(f"target_ids has shape {tuple(target_ids.shape)}; expected [{draft_vocab_size}]")
         self.vocab_size = vocab_size  # V
-        if self.topk > draft_vocab_size:
-            raise ConfigError(f"topk={self.topk} exceeds the {self.kind}'s vocabulary ({draft_vocab_size})")
-        # sampled trees draw whole groups (see dynamic_tree.sampled_tree)
-        self.group_sizes = group_sizes(self.budget, self.depth, self.topk) if self.samples_drafts else None
+        widest = max(self.policy.children)
+        if widest > draft_vocab_size and not self.sample:
+            raise ConfigError(f"topk={widest} exceeds the {self.kind}'s vocabulary ({draft_vocab_size})")
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self.frontier = 1 if self.samples_drafts else self.topk  # F: rows per draft forward
-        self.kv_lookahead = (self.depth - 1) * self.frontier  # draft rows stored past committed_len
+        widths = self.policy.widths  # F_t rows of forward t (t >= 1)
+        self.row_offsets = tuple(sum(widths[1:t]) for t in range(self.depth))  # first row of forward t
+        self.kv_lookahead = sum(widths[1:])  # draft rows stored past committed_len
         B = config.max_batch_size
         self.batch_size = B
         # Standalone (no engine): a private cache; `attach` moves the KV onto the target's allocator.
@@ -143,7 +160,7 @@ class HeadDrafter:
             dtype=self.dtype,
         )
         self._owns_cache = True
-        self.expand = expand_frontier  # `use_compiled` swaps in torch.compile(expand_frontier)
+        self.top = _top  # `use_compiled` swaps in torch.compile(_top)
         self.attn_impl = "auto"  # `runtime.attention` impl: Triton on CUDA, the reference on CPU
         self.scale = head_dim**-0.5
         self.ctx_hidden = torch.zeros(B, hidden_size, device=self.device, dtype=self.dtype)  # [B, d]
@@ -152,18 +169,17 @@ class HeadDrafter:
         self.live = torch.zeros(B, dtype=torch.bool, device=self.device)  # [B] slot has draft state
         self.target_ids = None if target_ids is None else target_ids.to(self.device, torch.int64)  # [Vd]
         self.seed = seed  # mixed into the draw keys of sampled drafts
-        # Ancestor-mask bits of draft row f of forward t (static): [D - 1, F, W] int32.
+        # Ancestor-mask bit of each stored draft row (static): [R, W] int32, R = kv_lookahead.
         words = max(1, -(-self.kv_lookahead // 32))
-        own = torch.zeros(max(1, self.depth - 1), self.frontier, words, dtype=torch.int32)
-        for t in range(self.depth - 1):
-            for f in range(self.frontier):
-                col = t * self.frontier + f
-                own[t, f, col // 32] = _bit(col % 32)
+        own = torch.zeros(max(1, self.kv_lookahead), words, dtype=torch.int32)
+        for row in range(self.kv_lookahead):
+            own[row, row // 32] = _bit(row % 32)
         self._own_bits = own.to(self.device)
 
     def use_compiled(self, on: bool = True) -> None:
-        """Grow trees with the compiled frontier expansion (one graph for every batch size)."""
-        self.expand = _compiled_expand() if on else expand_frontier
+        """Compiled candidate selection and policy glue (one graph for every batch size)."""
+        self.top = _compiled_top() if on else _top
+        self.policy.use_compiled(on)
 
     def attach(self, cache: PagedKVCache) -> None:
         """Put the draft KV on `cache`'s allocator (the target's): same blocks, same tables."""
@@ -282,23 +298,23 @@ class HeadDrafter:
 
     def _log_dist(self, logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
         """Draft log-distribution [..., Vd]; tempered per slot when drafts are sampled."""
-        if self.samples_drafts and temperature is not None:
+        if self.sample and temperature is not None:
             t = torch.where(temperature > 0, temperature, 1.0).to(logits.device)
             logits = logits / t.view(-1, *([1] * (logits.dim() - 1)))
         return torch.log_softmax(logits, dim=-1)
 
-    def _sampler(self, seed: torch.Tensor, committed: torch.Tensor):
-        """`sample(probs [B, Vd], c) -> [B, c]` i.i.d. draws; the k-th call (depth k) draws with
-        counter-based uniforms keyed by (seed, position, depth)."""
-        calls = [0]
-        key = seed ^ self.seed  # [B]
-
-        def sample(probs: torch.Tensor, c: int) -> torch.Tensor:
-            u = counter_uniforms(key, committed * 64 + calls[0], c, STREAM_DRAFT)  # [B, c] float64
-            calls[0] += 1
-            return sample_from_probs(probs[:, None, :].expand(-1, c, -1), u)
-
-        return sample
+    def _candidates(self, logq: torch.Tensor, k: int, t: int, key: torch.Tensor, committed: torch.Tensor) -> Candidates:
+        """logq [B, F, Vd] -> the policy's k candidates per node (top-k, or k i.i.d. draws keyed
+        by (seed, position, call t)), with the distributions when `draft_probs` are returned."""
+        if not self.sample:
+            tok, lp = self.top(logq, k)
+            return Candidates(tokens=tok, logq=lp)
+        B, F, _ = logq.shape
+        u = counter_uniforms(key, committed * 64 + t, F * k, STREAM_DRAFT).view(B, F, k)  # float64
+        lq = clean_logq(logq.float())
+        p = lq.exp()  # [B, F, Vd]
+        tok = sample_from_probs(p[:, :, None, :].expand(B, F, k, p.shape[-1]), u)  # [B, F, k]
+        return Candidates(tokens=tok, logq=torch.gather(lq, 2, tok), probs=p if self.samples_drafts else None)
 
     @torch.no_grad()
     def propose(self, inputs: DraftInput) -> DraftTree:
@@ -316,22 +332,28 @@ class HeadDrafter:
         committed = inputs.committed_len.to(dev)  # [B]
         sampling = inputs.sampling
         temperature = None if sampling is None else sampling.temperature
+        key = None
+        if self.sample:
+            seed = sampling.seed if sampling is not None and sampling.seed is not None else torch.zeros_like(committed)
+            key = seed.to(dev) ^ self.seed  # [B]
         slots = torch.arange(B, device=dev)
-        F = self.frontier
         state = dict(
             hidden=self.ctx_hidden[:B, None],  # [B, F_prev, d] outputs of the previous call's rows
             anc=torch.zeros(B, 1, self._own_bits.shape[-1], dtype=torch.int32, device=dev),  # [B, F_prev, W]
-            depth=0,
         )
 
-        def step(tokens: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
-            """draft tokens [B, F], parent_slot [B, F] -> draft log-distribution [B, F, Vd]."""
-            t = state["depth"]
+        def expand(frontier: Frontier) -> Candidates:
+            """The policy's call t: candidates [B, F_t, K_t] of the frontier nodes."""
+            t = frontier.depth
+            if t == 0:  # the root: its child distribution is already known
+                return self._candidates(self._log_dist(self.root_logits[:B, None], temperature), frontier.k, 0, key, committed)
+            tokens, parent_slot = frontier.tokens, frontier.parent_slot
             Fr = tokens.shape[1]
+            first = self.row_offsets[t]
             hidden = torch.gather(state["hidden"], 1, parent_slot[..., None].expand(-1, -1, state["hidden"].shape[-1]))
             anc = torch.gather(state["anc"], 1, parent_slot[..., None].expand(-1, -1, state["anc"].shape[-1]))
-            anc = anc | self._own_bits[t, :Fr]  # [B, Fr, W] ancestors + self
-            rows = committed[:, None] + t * F + torch.arange(Fr, device=dev)[None]  # [B, Fr] storage positions
+            anc = anc | self._own_bits[first : first + Fr]  # [B, Fr, W] ancestors + self
+            rows = committed[:, None] + first + torch.arange(Fr, device=dev)[None]  # [B, Fr] storage positions
             batch = AttentionBatch(
                 slots=slots,
                 cache_len=committed,
@@ -339,33 +361,27 @@ class HeadDrafter:
                 write_index=self.cache.write_index(slots, rows, live[:, None].expand(B, Fr)),
                 tree_mask=anc,
                 max_kv_len=kv_len,
-                key_len=torch.where(live, t * F + Fr, 0),
+                key_len=torch.where(live, first + Fr, 0),
             )
-            positions = (committed + t)[:, None].expand(B, Fr)  # [B, Fr] RoPE positions
+            positions = (committed + t - 1)[:, None].expand(B, Fr)  # [B, Fr] RoPE positions
             embeds = self.embed(self._to_target(tokens))
             out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=False)
-            state.update(hidden=out, anc=anc, depth=t + 1)
-            return self._log_dist(logits, temperature)
+            state.update(hidden=out, anc=anc)
+            return self._candidates(self._log_dist(logits, temperature), frontier.k, t, key, committed)
 
-        root_logq = self._log_dist(self.root_logits[:B], temperature)  # [B, Vd]
-        if self.samples_drafts:
-            seed = sampling.seed if sampling is not None and sampling.seed is not None else torch.zeros_like(committed)
-            grown = sampled_tree(root_logq, step, sizes=self.group_sizes, sample=self._sampler(seed.to(dev), committed))
-        else:
-            grown = eagle2_tree(root_logq, step, topk=self.topk, depth=self.depth, budget=self.budget, expand=self.expand)
+        grown = self.policy.grow(expand, B, dev)
         return self._draft_tree(inputs.root_tokens.to(dev), grown, live)
 
     def _draft_tree(self, root_tokens: torch.Tensor, grown, live: torch.Tensor) -> DraftTree:
         B, S = grown.tokens.shape
-        N = S + 1
         keep = live[:, None]  # [B, 1]; other slots get a root-only tree
         tokens = torch.cat([root_tokens[:, None], torch.where(keep, self._to_target(grown.tokens), 0)], 1)  # [B, N]
         parents = torch.cat(
             [torch.full((B, 1), -1, dtype=torch.int64, device=self.device), torch.where(keep, grown.parents, -1)], 1
         )  # [B, N]
-        num_nodes = torch.where(live, N, 1)  # [B]
+        num_nodes = torch.where(live, grown.num_nodes + 1, 1)  # [B]
         draft_probs = None
-        if grown.dists is not None:
+        if self.samples_drafts:
             index = torch.cat([torch.zeros(B, 1, dtype=torch.int64, device=self.device), grown.dist_index], 1)  # [B, N]
             rows = torch.gather(grown.dists, 1, index.clamp(min=0)[..., None].expand(-1, -1, grown.dists.shape[-1]))
             rows = torch.where((index >= 0)[..., None] & keep[..., None], rows, 0.0)  # [B, N, Vd]

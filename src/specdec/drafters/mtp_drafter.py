@@ -1,7 +1,7 @@
 """`MTPDrafter`: MTP-Eagle drafting (one MTP module applied recursively, the `Drafter`
 protocol) through the shared draft loop of `head_drafter.HeadDrafter`.
 
-What is MTP's own: ``needs_last_hidden = True``. It reads only the target's last hidden state
+What is MTP's own: ``reads = "last_hidden"``. It reads only the target's last hidden state
 (after the final norm), so the capture set is empty and no capture buffer exists. Every row
 is the same module, ``h' = Block(input_proj([enorm(embed(t)); hnorm(h)]))``: the first row of
 a call reads the target's last hidden state, later draft rows the module's own feedback
@@ -39,7 +39,7 @@ def restricted_head(weight: torch.Tensor, target_ids: torch.Tensor) -> Callable[
 
 
 class MTPDrafter(HeadDrafter):
-    """MTP-Eagle drafting, linear chain or EAGLE-2 dynamic tree.
+    """MTP-Eagle drafting, growing its trees with any tree policy (chain, EAGLE-2, static, sampled).
 
     Args:
         model: the MTP head (`MTPModel`), on the device and dtype to run in.
@@ -49,16 +49,16 @@ class MTPDrafter(HeadDrafter):
             `target_ids` (`restricted_head`); None when the module has its own ``lm_head``.
         target_ids: [Vd] int64 ascending target ids of a draft vocabulary (`head` must
             then produce their logits), or None for the full vocabulary.
-        samples_drafts: sample drafts from the head's (tempered) distribution and return
-            `draft_probs` (for verifier="speculative"); else argmax / top-K.
-        seed: of the draft-sampling generator.
+        samples_drafts: return `draft_probs` (for verifiers that need draft probabilities;
+            the policy then samples).
+        seed: mixed into the keys of the draft-sampling draws.
+        policy: the tree policy; None = the built-in one `config.tree` names.
 
-    Attributes (the `Drafter` protocol): needs_hidden_states = False, needs_last_hidden =
-    True, samples_drafts, num_tree_slots = N.
+    Capabilities (the `Drafter` protocol): reads = "last_hidden", runs_on_host = False,
+    samples_drafts, num_tree_slots = N.
     """
 
-    needs_hidden_states = False
-    needs_last_hidden = True
+    reads = "last_hidden"
     kind = "MTP head"
     hidden_name = "the target's last hidden state"
 
@@ -72,6 +72,7 @@ class MTPDrafter(HeadDrafter):
         target_ids: torch.Tensor | None = None,
         samples_drafts: bool = False,
         seed: int = 0,
+        policy=None,
     ) -> None:
         mcfg = model.config
         if model.lm_head is None and head is None:
@@ -86,7 +87,7 @@ class MTPDrafter(HeadDrafter):
             model, config, embed=embed, hidden_size=mcfg.hidden_size, num_kv_heads=mcfg.num_key_value_heads,
             head_dim=mcfg.head_dim, draft_vocab_size=mcfg.vocab_size if target_ids is None else target_ids.numel(),
             vocab_size=mcfg.vocab_size, target_ids=target_ids, hidden_width=mcfg.hidden_size,
-            samples_drafts=samples_drafts, seed=seed,
+            samples_drafts=samples_drafts, seed=seed, policy=policy,
         )
 
     def _forward(self, embeds, hidden, positions, attend, *, first: bool):

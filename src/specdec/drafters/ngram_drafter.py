@@ -1,42 +1,41 @@
-"""`NgramDrafter`: model-free prompt-lookup drafting, as a chain or a tree of continuations.
+"""`NgramDrafter`: model-free prompt-lookup drafting, its trees grown by any greedy tree policy.
 
 Owns, per request slot, the token history (the prompt as `prefill` sees it, then every
 accepted token) and an index from each n-gram (n in [min_match, max_match]) to the
 positions where it ends. Each step it matches the longest suffix of the history (between
-max_match and min_match tokens) against its earlier occurrences and proposes what followed
-them:
-
-- chain (tree="linear"): the continuation of the most frequent distinct continuation;
-- tree (tree="dynamic"): each distinct continuation a branch, most frequent first (ties:
-  the most recent occurrence first), up to `max_branches`, shared prefixes merged into one
-  trie; nodes are numbered in insertion order, so parents precede children and the best
-  branch is always the first child (sibling order = rank order).
-
-Branches hold at most `max_draft_len` tokens; the tree holds at most `max_draft_tokens`
-nodes (a branch that does not fit is cut where the budget ends). Only the 64 most recent
-occurrences of the matched n-gram are considered (`MAX_OCCURRENCES`), which bounds the work
-on degenerate, very repetitive text.
+max_match and min_match tokens) against its earlier occurrences (the 64 most recent,
+`MAX_OCCURRENCES`, which bounds the work on degenerate, very repetitive text); the root's
+candidates are the tokens that followed them. A draft node is a path from the root, and its
+occurrences are those of its parent that continue with the node's token; its candidates are
+the distinct tokens that follow, ranked by count (ties: the most recent occurrence first),
+with log-probability log(count / occurrences). The tree policy (`linear`: a chain of the
+most frequent continuation token by token; `dynamic`: EAGLE-2 over these counts; `static`:
+a fixed shape) picks which candidates to expand and keep; nodes without a continuation are
+padding, so a tree may hold fewer than `num_tree_slots` nodes. Sampling policies are
+refused: counts are not a draft distribution to draw i.i.d. children from.
 
 Where the work happens: matching is host-side Python, O(accepted tokens x max_match) to
-update the index plus O(occurrences x depth) to match, per slot per step. Inside the engine
-it drafts between steps (`runs_on_host`): `propose_host` reads the last step's tokens from
-the engine's token hand-off (already on the host), and the engine copies the [B, N] tree
-(N = max_draft_tokens + 1) to the device before the captured step, which then starts at
-tree building. The history misses the prompt's first token: `prefill` receives
-the prompt shifted by one (`Drafter.prefill` contract).
+update the index plus O(occurrences x depth x width) to expand, per slot per step, on CPU
+tensors. Inside the engine it drafts between steps (`runs_on_host`): `propose_host` reads the
+last step's tokens from the engine's token hand-off (already on the host), and the engine
+copies the [B, N] tree to the device before the captured step, which then starts at tree
+building. The history misses the prompt's first token: `prefill` receives the prompt
+shifted by one (`Drafter.prefill` contract).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from specdec.config import ConfigError, SpecConfig
+from specdec.policies.shapes import builtin
 from specdec.strategies import DraftInput
-from specdec.types import DraftTree
+from specdec.types import Candidates, DraftTree, Frontier
 
-__all__ = ["NgramOptions", "NgramIndex", "NgramDrafter", "MAX_OCCURRENCES", "grow_tree"]
+__all__ = ["NgramOptions", "NgramIndex", "NgramDrafter", "MAX_OCCURRENCES"]
 
 MAX_OCCURRENCES = 64
 MAX_MATCH_LIMIT = 64
@@ -52,41 +51,32 @@ def _check_int(name: str, value, lo: int, hi: int) -> int:
 
 @dataclass(frozen=True)
 class NgramOptions:
-    """Matching and budget of the n-gram drafter (``SpecConfig.plugin_options["ngram"]``).
+    """Matching of the n-gram drafter (``SpecConfig.plugin_options["ngram"]``).
 
     min_match / max_match: suffix lengths tried, longest first (1 <= min <= max <= 64).
-    max_draft_tokens: draft nodes per step, <= config.max_total_draft_tokens
-        (default: config.max_total_draft_tokens).
-    max_branches: distinct continuations proposed; 1 for tree="linear"
-        (default: config.topk for tree="dynamic", else 1).
+    The tree's size and shape are the tree policy's (`tree`, `topk`, `max_total_draft_tokens`).
     """
 
     min_match: int = 1
     max_match: int = 3
-    max_draft_tokens: int = 1
-    max_branches: int = 1
 
     @staticmethod
     def from_config(config: SpecConfig, options: dict | None = None) -> "NgramOptions":
-        """Validate ``options`` (a dict) against the engine's `config`; defaults filled in."""
+        """Validate ``options`` (a dict); defaults filled in."""
         options = dict(options or {})
-        known = {"min_match", "max_match", "max_draft_tokens", "max_branches"}
+        moved = sorted({"max_draft_tokens", "max_branches"} & set(options))
+        if moved:
+            raise ConfigError(
+                f"plugin_options['ngram'] keys {moved} were removed: the tree's size and branching belong to the "
+                "tree policy (SpecConfig.max_total_draft_tokens, topk, tree)"
+            )
+        known = {"min_match", "max_match"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigError(f"plugin_options['ngram'] has unknown keys {unknown}; allowed: {sorted(known)}")
         max_match = _check_int("max_match", options.get("max_match", 3), 1, MAX_MATCH_LIMIT)
         min_match = _check_int("min_match", options.get("min_match", 1), 1, max_match)
-        budget = config.max_total_draft_tokens
-        max_draft_tokens = _check_int("max_draft_tokens", options.get("max_draft_tokens", budget), 1, budget)
-        dynamic = config.tree == "dynamic"
-        default_branches = min(config.topk, max_draft_tokens) if dynamic else 1
-        branches = options.get("max_branches", default_branches)
-        if not dynamic and branches != 1:
-            raise ConfigError(
-                f"plugin_options['ngram']['max_branches']={branches!r} needs tree='dynamic'; tree='linear' drafts one chain"
-            )
-        branches = _check_int("max_branches", branches, 1, max_draft_tokens)
-        return NgramOptions(min_match, max_match, max_draft_tokens, branches)
+        return NgramOptions(min_match, max_match)
 
 
 class NgramIndex:
@@ -105,8 +95,9 @@ class NgramIndex:
                 if i + 1 >= n:
                     table.setdefault(tuple(self.tokens[i - n + 1 : i + 1]), []).append(i)
 
-    def continuations(self, depth: int) -> list[list[int]]:
-        """Distinct continuations of the longest matched suffix, best first (see module docstring)."""
+    def match(self) -> list[int]:
+        """Earlier end positions (ascending, at most `MAX_OCCURRENCES`) of the longest suffix of
+        the history, between max_match and min_match tokens, that occurred before; [] if none."""
         h = self.tokens
         last = len(h) - 1
         for n in range(self.max_match, self.min_match - 1, -1):
@@ -114,60 +105,48 @@ class NgramIndex:
                 continue
             ends = self.ends[n].get(tuple(h[-n:]), [])
             earlier = [e for e in ends[-MAX_OCCURRENCES - 1 :] if e < last][-MAX_OCCURRENCES:]
-            if not earlier:
-                continue
-            stats: dict[tuple[int, ...], list[int]] = {}  # continuation -> [count, most recent end]
-            for e in earlier:
-                cont = tuple(h[e + 1 : e + 1 + depth])
-                entry = stats.setdefault(cont, [0, e])
-                entry[0] += 1
-                entry[1] = max(entry[1], e)
-            ranked = sorted(stats.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
-            return [list(cont) for cont, _ in ranked]
+            if earlier:
+                return earlier
         return []
 
-
-def grow_tree(branches: list[list[int]], max_branches: int, budget: int) -> tuple[list[int], list[int]]:
-    """Merge up to `max_branches` branches into a trie of at most `budget` draft nodes.
-
-    Returns:
-        (tokens, parents) of the draft nodes 1..S in insertion (topological) order;
-        parents are tree indices (0 = the root).
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    children: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
-    for branch in branches[:max_branches]:
-        node = 0
-        for tok in branch:
-            nxt = children.get((node, tok))
-            if nxt is None:
-                if len(tokens) >= budget:
-                    return tokens, parents
-                tokens.append(tok)
-                parents.append(node)
-                nxt = len(tokens)
-                children[(node, tok)] = nxt
-            node = nxt
-    return tokens, parents
+    def children(self, occurrences: list[int]) -> list[tuple[int, int, list[int]]]:
+        """(token, count, the child's occurrences) of each distinct token that follows
+        `occurrences` in the history, by count then most recent occurrence."""
+        h = self.tokens
+        follow: dict[int, list[int]] = {}
+        for e in occurrences:
+            if e + 1 < len(h):
+                follow.setdefault(h[e + 1], []).append(e + 1)
+        ranked = sorted(follow.items(), key=lambda kv: (-len(kv[1]), -kv[1][-1]))
+        return [(tok, len(occ), occ) for tok, occ in ranked]
 
 
 class NgramDrafter:
     """Prompt-lookup drafting (see the module docstring). Reads no hidden state.
 
-    Attributes (the `Drafter` protocol): needs_hidden_states = False, needs_last_hidden =
-    False, samples_drafts = False, num_tree_slots = max_draft_tokens + 1.
+    Args:
+        config: the engine's `SpecConfig` (B; the tree policy's shape when `policy` is None).
+        options: matching options.
+        device: where `propose` puts its trees (host drafting is on CPU tensors).
+        policy: a greedy tree policy (`samples=False`); None = the built-in one `config.tree` names.
+
+    Capabilities (the `Drafter` protocol): reads = "nothing", runs_on_host = True,
+    samples_drafts = False, num_tree_slots = policy.num_nodes + 1.
     """
 
-    needs_hidden_states = False
-    needs_last_hidden = False
+    reads = "nothing"
     samples_drafts = False
     runs_on_host = True  # drafts between steps from the token hand-off (`propose_host`)
 
-    def __init__(self, config: SpecConfig, options: NgramOptions, *, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: SpecConfig, options: NgramOptions, *, device: torch.device | str = "cpu", policy=None) -> None:
         self.options = options
-        self.depth = min(config.max_draft_len, options.max_draft_tokens)
-        self.num_tree_slots = options.max_draft_tokens + 1  # N
+        self.policy = policy if policy is not None else builtin(config, samples=False)
+        if self.policy.samples:
+            raise ConfigError(
+                f"drafter='ngram' ranks counted continuations; tree={config.tree!r} needs i.i.d. draws from a draft "
+                "distribution (use tree='linear', 'dynamic' or 'static', and a verifier that needs no draft probabilities)"
+            )
+        self.num_tree_slots = self.policy.num_nodes + 1  # N
         self.batch_size = config.max_batch_size
         self.device = torch.device(device)
         self.slots: list[NgramIndex | None] = [None] * config.max_batch_size
@@ -188,13 +167,35 @@ class NgramDrafter:
         self._check_slot(slot)
         self.slots[slot] = None
 
-    def draft(self, slot: int) -> tuple[list[int], list[int]]:
-        """(tokens, parents) of `slot`'s draft nodes 1..S from its current history."""
-        index = self.slots[slot]
-        if index is None:
-            return [], []
-        branches = index.continuations(self.depth)
-        return grow_tree(branches, self.options.max_branches, self.options.max_draft_tokens)
+    def _expander(self, roots: list[list[int] | None]):
+        """`expand(Frontier) -> Candidates` on CPU tensors over each row's index; `roots[b]` =
+        row b's root occurrences (None or [] = nothing to draft)."""
+        kids: list[dict[tuple[int, int], list[int]]] = []  # per row: (frontier row, token) -> occurrences
+
+        def expand(frontier: Frontier) -> Candidates:
+            nonlocal kids
+            B, K = len(roots), frontier.k
+            if frontier.depth == 0:
+                nodes = [[r or []] for r in roots]  # [B][F] occurrences of the frontier nodes
+            else:
+                toks, par = frontier.tokens.tolist(), frontier.parent_slot.tolist()
+                nodes = [[kids[b].get(key, []) for key in zip(par[b], toks[b])] for b in range(B)]
+            F = len(nodes[0])
+            tokens = [[[0] * K for _ in range(F)] for _ in range(B)]
+            logq = [[[-math.inf] * K for _ in range(F)] for _ in range(B)]
+            kids = [{} for _ in range(B)]
+            for b, index in enumerate(self.slots[:B]):
+                for f, occ in enumerate(nodes[b]):
+                    if not occ:
+                        continue
+                    ranked = index.children(occ)
+                    total = sum(count for _, count, _ in ranked)
+                    for j, (tok, count, child) in enumerate(ranked[:K]):
+                        tokens[b][f][j], logq[b][f][j] = tok, math.log(count / total)
+                        kids[b][(f, tok)] = child
+            return Candidates(tokens=torch.tensor(tokens, dtype=torch.int64), logq=torch.tensor(logq, dtype=torch.float32))
+
+        return expand
 
     def propose_host(
         self, accept_length: list[int], accept_tokens: list[list[int]], root_tokens: list[int], active: list[bool]
@@ -209,28 +210,26 @@ class NgramDrafter:
         Returns:
             CPU int64 tensors tokens [B, N], parents [B, N] and num_nodes [B].
         """
-        B, N = len(root_tokens), self.num_tree_slots
-        tokens = torch.zeros(B, N, dtype=torch.int64)
-        parents = torch.full((B, N), -1, dtype=torch.int64)
-        num_nodes = torch.ones(B, dtype=torch.int64)
+        B = len(root_tokens)
+        roots: list[list[int] | None] = [None] * B
         for b in range(B):
-            root, a = root_tokens[b], accept_length[b]
-            tokens[b, 0] = root
             index = self.slots[b]
             if not active[b] or index is None:
                 continue
+            a = accept_length[b]
             if a >= 0:
                 index.extend(accept_tokens[b][: a + 1])
+            root = root_tokens[b]
             if index.tokens[-1] != root:
                 raise RuntimeError(
                     f"ngram drafter out of sync in slot {b}: history ends with {index.tokens[-1]}, root token is {root}"
                 )
-            draft, par = self.draft(b)
-            S = len(draft)
-            tokens[b, 1 : S + 1] = torch.tensor(draft, dtype=torch.int64)
-            parents[b, 1 : S + 1] = torch.tensor(par, dtype=torch.int64)
-            num_nodes[b] = S + 1
-        return tokens, parents, num_nodes
+            roots[b] = index.match()
+        grown = self.policy.grow(self._expander(roots), B, torch.device("cpu"))
+        root = torch.tensor(root_tokens, dtype=torch.int64)[:, None]
+        tokens = torch.cat([root, grown.tokens], 1)  # [B, N]
+        parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64), grown.parents], 1)
+        return tokens, parents, grown.num_nodes + 1
 
     def propose(self, inputs: DraftInput) -> DraftTree:
         """`propose_host` on a `DraftInput` (one device-to-host copy; for use outside the engine)."""

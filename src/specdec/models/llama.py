@@ -7,6 +7,13 @@ reads checkpoints (see `loader.py`). The forward is shape-static: no `.item()`, 
 branching on tensor values; per-layer choices (window, capture) are static config.
 Parameter names follow HF (`layers.{i}.self_attn...`), with q/k/v fused into `qkv_proj`
 and gate/up fused into `gate_up_proj`.
+
+Tensor parallelism (`tp`, a `specdec.distributed.TPGroup` of size > 1): each layer holds
+its rank's shard (`parallel.ShardLayout`: its query heads and their KV heads, its ffn rows,
+its vocabulary rows); o_proj and down_proj all-reduce, the embedding all-reduces its masked
+lookup and the head all-gathers the logits, so every rank's hidden states and logits are
+identical and everything after the forward runs unchanged. Size 1 builds exactly the
+unsharded modules (`nn.Embedding`, `nn.Linear`), with no collective anywhere.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..distributed import SINGLE, TPGroup
 from ..runtime.attention import AttentionBatch, attention
 from ..runtime.kv_cache import PagedKVCache
 from . import fused
 from .capture import CaptureBuffer
 from .config import ModelConfig
+from .parallel import RowParallelLinear, ShardLayout, VocabParallelEmbedding, VocabParallelHead
 from .rope import Rotary
 
 __all__ = ["DecoderLM", "ModelOutput", "RMSNorm"]
@@ -56,15 +65,19 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     fused = fused.EAGER
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, shard: ShardLayout, tp: TPGroup = SINGLE):
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # this rank's heads (all of them for tp size 1)
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
         self.sliding_window = cfg.sliding_windows[layer]
         self.scale = cfg.head_dim**-0.5
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q + 2 * kv, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q, cfg.hidden_size, bias=cfg.o_bias)
+        q, kv = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q + 2 * kv, bias=cfg.qkv_bias)  # column-parallel: local rows
+        if tp.size == 1:
+            self.o_proj = nn.Linear(q, cfg.hidden_size, bias=cfg.o_bias)
+        else:
+            self.o_proj = RowParallelLinear(q, cfg.hidden_size, cfg.o_bias, tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -86,23 +99,26 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     fused = fused.EAGER
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: ShardLayout, tp: TPGroup = SINGLE):
         super().__init__()
-        self.ffn = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.ffn = f = shard.intermediate_size  # this rank's ffn rows of gate and of up
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * f, bias=cfg.mlp_bias)  # column-parallel: [gate; up]
+        if tp.size == 1:
+            self.down_proj = nn.Linear(f, cfg.hidden_size, bias=cfg.mlp_bias)
+        else:
+            self.down_proj = RowParallelLinear(f, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.fused.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, shard: ShardLayout, tp: TPGroup = SINGLE):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, shard, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, shard, tp)
 
     def forward(self, h, x, cos, sin, cache, batch, attn_impl: str, next_norm: RMSNorm):
         """h: [B, T, d] the layer input, x = input_layernorm(h) ->
@@ -118,24 +134,36 @@ class DecoderLM(nn.Module):
     """Decoder-only LM over a `PagedKVCache`.
 
     Attributes:
-        config: the `ModelConfig`.
-        num_kv_heads_per_layer: tuple[int, ...], Hkv of each layer.
+        config: the `ModelConfig` (global sizes).
+        tp: the `TPGroup` (`SINGLE` unless tensor-parallel).
+        shard: the `ShardLayout` of this rank (local heads, ffn rows, vocabulary rows).
+        num_kv_heads_per_layer: tuple[int, ...], Hkv of each layer held here (the cache's heads).
         head_dim: hd.
         sliding_window_per_layer: tuple[int | None, ...].
         attn_impl: passed to `specdec.runtime.attention` ("auto", "ref", ...).
     """
 
-    def __init__(self, config: ModelConfig, *, attn_impl: str = "auto"):
+    def __init__(self, config: ModelConfig, *, attn_impl: str = "auto", tp: TPGroup | None = None):
         super().__init__()
+        tp = SINGLE if tp is None else tp
         self.config = config
+        self.tp = tp
+        self.shard = shard = ShardLayout.of(config, tp.size, tp.rank)
         self.attn_impl = attn_impl
-        self.num_kv_heads_per_layer = (config.num_kv_heads,) * config.num_layers
+        self.num_kv_heads_per_layer = (shard.num_kv_heads,) * config.num_layers
         self.head_dim = config.head_dim
         self.sliding_window_per_layer = tuple(config.sliding_windows)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        d = config.hidden_size
+        if tp.size == 1:
+            self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        else:
+            self.embed_tokens = VocabParallelEmbedding(shard, d, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, shard, tp) for i in range(config.num_layers))
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        if tp.size == 1:
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        else:
+            self.lm_head = VocabParallelHead(shard, d, tp)  # gathers: every rank gets [.., V]
         self.rotary = Rotary(config.rope, config.head_dim)
         self.tie_weights()
 
@@ -145,7 +173,7 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: [B, T] int64 -> [B, T, d]."""
+        """tokens: [B, T] int64 -> [B, T, d] (the same on every rank; a collective when tensor-parallel)."""
         return self.embed_tokens(tokens)
 
     def forward(

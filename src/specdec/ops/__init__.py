@@ -1,6 +1,6 @@
 """Tensor ops of one speculative step: tree metadata, sampling distributions, verification.
 
-Each op dispatches (`impl="auto" | "triton" | "torch"`) to a Triton kernel in
+Each op dispatches (`impl="auto" | "triton" | "ref"`) to a Triton kernel in
 `specdec.kernels` or to the plain PyTorch reference beside it.
 """
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.sample_rule import sample_index_torch
+from ..kernels.sample_rule import sample_index_ref
 
 __all__ = ["sampling_probs", "sample_from_probs", "probs_for"]
 
@@ -100,7 +100,7 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
         raise ValueError(f"uniforms must be {tuple(probs.shape[:-1])}, got {tuple(uniforms.shape)}")
     w = probs.reshape(-1, probs.shape[-1]).to(torch.float64)  # [R, V]
     thr = uniforms.reshape(-1).to(torch.float64) * w.sum(-1)
-    return sample_index_torch(w, thr).reshape(uniforms.shape)
+    return sample_index_ref(w, thr).reshape(uniforms.shape)
 
 
 def probs_for(logits: torch.Tensor, sampling) -> torch.Tensor:

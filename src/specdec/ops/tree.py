@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.tree_build import build_tree_torch, build_tree_triton
+from ..kernels.tree_build import build_tree_ref, build_tree_triton
 from ..types import TreeMeta
 from .dispatch import use_triton
 
@@ -69,7 +69,7 @@ def build_tree(
         parents: [B, N] int64, parent of each node (topological: parents[b, i] < i; root -1).
         num_nodes: [B] int64 in [1, N]; rows i >= num_nodes[b] are padding.
         out: preallocated buffers (`TreeMeta.empty(B, N)`) to overwrite entirely, or None.
-        impl: "auto" | "triton" | "torch" (see `specdec.ops.dispatch`).
+        impl: "auto" | "triton" | "ref" (see `specdec.ops.dispatch`).
         check: validate the tree first with `check_tree` (host sync; for debugging).
 
     Returns:
@@ -89,6 +89,6 @@ def build_tree(
         out = TreeMeta.empty(B, N, device=parents.device)
     else:
         _check_out(out, B, N, parents.device)
-    fn = build_tree_triton if use_triton(impl, parents) else build_tree_torch
+    fn = build_tree_triton if use_triton(impl, parents) else build_tree_ref
     fn(parents.contiguous(), num_nodes.contiguous(), *(getattr(out, name) for name in _FIELDS))
     return out

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.verify_greedy import verify_greedy_torch, verify_greedy_triton
-from ..kernels.verify_speculative import verify_speculative_torch, verify_speculative_triton
-from ..kernels.verify_target_only import verify_target_only_torch, verify_target_only_triton
+from ..kernels.verify_greedy import verify_greedy_ref, verify_greedy_triton
+from ..kernels.verify_speculative import verify_speculative_ref, verify_speculative_triton
+from ..kernels.verify_target_only import verify_target_only_ref, verify_target_only_triton
 from ..types import Acceptance, TreeMeta
 from .dispatch import use_triton
 
@@ -68,7 +68,7 @@ def verify_greedy(tokens: torch.Tensor, tree: TreeMeta, target: torch.Tensor, *,
         tokens: [B, N] int64 node tokens (node 0 = root).
         tree: `build_tree` output for these nodes (its next_token / next_sibling are walked).
         target: [B, N, V] logits (any float dtype) or [B, N] int64 precomputed argmax.
-        impl: "auto" | "triton" | "torch".
+        impl: "auto" | "triton" | "ref" (see `specdec.ops.dispatch`).
 
     Returns:
         Acceptance; on duplicate sibling tokens the first sibling wins.
@@ -79,7 +79,7 @@ def verify_greedy(tokens: torch.Tensor, tree: TreeMeta, target: torch.Tensor, *,
             raise ValueError(f"an argmax target must be [{B}, {N}] int64, got {tuple(target.shape)} {target.dtype}")
     else:
         _check_probs("target logits", target, B, N)
-    fn = verify_greedy_triton if use_triton(impl, tokens) else verify_greedy_torch
+    fn = verify_greedy_triton if use_triton(impl, tokens) else verify_greedy_ref
     return _acceptance(fn(tokens.contiguous(), tree.next_token.contiguous(), tree.next_sibling.contiguous(), target.contiguous()))
 
 
@@ -102,12 +102,12 @@ def verify_target_only(
         tree: `build_tree` output.
         target_probs: [B, N, V] float, `sampling_probs` of the target logits.
         generator / uniforms: the random draws (module docstring).
-        impl: "auto" | "triton" | "torch".
+        impl: "auto" | "triton" | "ref" (see `specdec.ops.dispatch`).
     """
     B, N = _check_tree_args(tokens, tree)
     _check_probs("target_probs", target_probs, B, N)
     u = _draws(B, N, tokens.device, generator, uniforms)
-    fn = verify_target_only_triton if use_triton(impl, tokens) else verify_target_only_torch
+    fn = verify_target_only_triton if use_triton(impl, tokens) else verify_target_only_ref
     return _acceptance(fn(tokens.contiguous(), tree.next_token.contiguous(), tree.next_sibling.contiguous(), target_probs.contiguous(), u))
 
 
@@ -133,7 +133,7 @@ def verify_speculative(
         draft_probs: [B, N, V] float; row i is the distribution node i's children were
             sampled from (rows of leaves and padding are not read).
         generator / uniforms: the random draws (module docstring).
-        impl: "auto" | "triton" | "torch".
+        impl: "auto" | "triton" | "ref" (see `specdec.ops.dispatch`).
     """
     B, N = _check_tree_args(tokens, tree)
     _check_probs("target_probs", target_probs, B, N)
@@ -141,7 +141,7 @@ def verify_speculative(
         got = None if draft_probs is None else (tuple(draft_probs.shape), draft_probs.dtype)
         raise ValueError(f"draft_probs must be float {tuple(target_probs.shape)} like target_probs, got {got}")
     u = _draws(B, N, tokens.device, generator, uniforms)
-    fn = verify_speculative_triton if use_triton(impl, tokens) else verify_speculative_torch
+    fn = verify_speculative_triton if use_triton(impl, tokens) else verify_speculative_ref
     return _acceptance(
         fn(tokens.contiguous(), tree.next_token.contiguous(), tree.next_sibling.contiguous(), target_probs.contiguous(), draft_probs.contiguous(), u)
     )

@@ -10,6 +10,7 @@ the module under the entry-point group `specdec` in your package's pyproject:
 
 BUILTIN_PLUGINS = (
     "specdec.plugins.none_drafter",  # drafter="none": target-only decoding (the baseline)
+    "specdec.plugins.tree_policies",  # tree="linear" | "dynamic" | "static" | "sampled"
     "specdec.plugins.tree_builder",  # specdec_build_tree: parents -> TreeMeta
     "specdec.plugins.greedy",  # verifier="greedy"
     "specdec.plugins.target_only",  # verifier="target-only"

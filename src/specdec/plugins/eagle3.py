@@ -1,5 +1,5 @@
-"""drafter="eagle3": EAGLE-3 drafting, as a linear chain (tree="linear") or an EAGLE-2 dynamic
-tree (tree="dynamic", top-`topk` expansion, `max_total_draft_tokens` kept by global rerank).
+"""drafter="eagle3": EAGLE-3 drafting; the tree policy (`config.tree`: "linear", "dynamic",
+"static", "sampled" or a third party's) decides the shape, the head only expands frontiers.
 
 Options, in ``SpecConfig.plugin_options["eagle3"]`` (a dict):
 
@@ -8,18 +8,17 @@ Options, in ``SpecConfig.plugin_options["eagle3"]`` (a dict):
   against the target; or an already built `Eagle3Model` (also accepted as ``"model"``).
 - ``"device"`` / ``"dtype"``: where to run the head (default: those of the target model,
   else cpu / float32).
-- ``"seed"``: seed of the draft-sampling generator (default 0).
-- ``"sample_drafts"``: override whether drafts are sampled (default: True exactly when
-  ``config.verifier == "speculative"``, the verifier that needs draft probabilities).
+- ``"seed"``: mixed into the keys of the draft-sampling draws (default 0).
+
+Drafts are sampled exactly when the tree policy samples (``policy.samples``: `sampled`, or
+any built-in policy under a verifier that needs draft probabilities), and `draft_probs` are
+returned exactly when the verifier needs them (``verifier.needs_draft_probs``), whatever its
+name.
 
 Capture layers (output convention): the checkpoint's own layers when its config names them
 (converted from the speculators input convention), else ``(1, L//2 - 1, L - 4)``; an
 explicit ``config.layers_to_capture`` must agree with the checkpoint's, and ids written in
 the input convention are caught with a message naming the converter.
-
-Sampled drafts with tree="dynamic" use whole i.i.d. sibling groups (see
-`specdec.drafters.dynamic_tree.sampled_tree`), not EAGLE-2's value-based pruning, so that
-speculative sampling on the tree stays exact.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from specdec.hookspecs import hookimpl
 from specdec.plugins.options import device_and_dtype, plugin_options
 
 NAME = "eagle3"
-_KNOWN = frozenset({"checkpoint", "model", "device", "dtype", "seed", "sample_drafts"})
+_KNOWN = frozenset({"checkpoint", "model", "device", "dtype", "seed"})
 
 
 def _options(config: SpecConfig) -> dict:
@@ -81,7 +80,7 @@ def specdec_capture_layers(config: SpecConfig, target):
 
 
 @hookimpl
-def specdec_draft(config: SpecConfig, target):
+def specdec_draft(config: SpecConfig, target, policy, verifier):
     if config.drafter != NAME:
         return None
     from specdec.drafters.eagle3_checkpoint import check_against_target, load_eagle3
@@ -104,7 +103,7 @@ def specdec_draft(config: SpecConfig, target):
             f"capture layers {config.layers_to_capture or layers} give {len(config.layers_to_capture or layers)} "
             f"states but the head's fc reads num_capture={model.config.num_capture}"
         )
-    target_model = getattr(target, "model", None)
+    target_model = target.model
     embed = None
     if model.embed_tokens is None:
         if target_model is None or not hasattr(target_model, "embed"):
@@ -113,5 +112,7 @@ def specdec_draft(config: SpecConfig, target):
                 "loaded target (TargetInfo.model)"
             )
         embed = target_model.embed
-    samples = options.get("sample_drafts", config.verifier == "speculative")
-    return Eagle3Drafter(model, config, embed=embed, samples_drafts=bool(samples), seed=int(options.get("seed", 0)))
+    return Eagle3Drafter(
+        model, config, embed=embed, samples_drafts=verifier.needs_draft_probs, seed=int(options.get("seed", 0)),
+        policy=policy,
+    )

@@ -27,9 +27,8 @@ class GreedyVerifier:
         target_logits: torch.Tensor,  # [B, N, V]
         sampling=None,  # ignored: greedy
         *,
+        uniforms: torch.Tensor | None = None,  # ignored: no draws
         draft_probs: torch.Tensor | None = None,  # ignored
-        generator: torch.Generator | None = None,  # ignored: no draws
-        uniforms: torch.Tensor | None = None,  # ignored
     ) -> Acceptance:
         return verify_greedy(tokens, tree, target_logits)
 

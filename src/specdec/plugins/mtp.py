@@ -1,10 +1,11 @@
 """drafter="mtp": MTP-style drafting from the target's last hidden state (MTP-Eagle mode: one
-MTP module applied recursively `max_draft_len` times), as a chain (tree="linear") or an
-EAGLE-2 dynamic tree (tree="dynamic").
+MTP module applied recursively, once per depth), its trees grown by the tree policy
+(`config.tree`).
 
 Written as a third party would: only the public hooks. It answers `specdec_capture_layers`
-with ``()`` (no capture buffer) and its drafter says ``needs_last_hidden = True``, so the
-runner hands it the target's final-normed hidden state.
+with ``()`` (no capture buffer) and its drafter says ``reads = "last_hidden"``, so the
+runner hands it the target's final-normed hidden state. Drafts are sampled exactly when the
+tree policy samples, and `draft_probs` returned exactly when the verifier needs them.
 
 Options, in ``SpecConfig.plugin_options["mtp"]`` (a dict):
 
@@ -15,9 +16,7 @@ Options, in ``SpecConfig.plugin_options["mtp"]`` (a dict):
 - ``"layout"``: "auto" (default), "specdec" or "mimo".
 - ``"mtp_layer"``: which ``model.mtp_layers.{i}`` of a MiMo checkpoint (default 0).
 - ``"device"`` / ``"dtype"``: where to run the head (default: those of the target model).
-- ``"seed"``: seed of the draft-sampling generator (default 0).
-- ``"sample_drafts"``: sample drafts (default: True exactly when the verifier is
-  ``"speculative"``, the one that needs draft probabilities).
+- ``"seed"``: mixed into the keys of the draft-sampling draws (default 0).
 - ``"draft_vocab"``: restrict drafting to a draft vocabulary: ``"auto"`` (default: the
   checkpoint folder's ``draft_vocab.safetensors`` when it has one, else the full vocabulary),
   ``"full"``, a path to such a file, or a [Vd] int64 tensor of ascending target ids. Only
@@ -36,7 +35,7 @@ from specdec.plugins.options import device_and_dtype, plugin_options
 
 NAME = "mtp"
 _KNOWN = frozenset(
-    {"checkpoint", "model", "layout", "mtp_layer", "device", "dtype", "seed", "sample_drafts", "draft_vocab"}
+    {"checkpoint", "model", "layout", "mtp_layer", "device", "dtype", "seed", "draft_vocab"}
 )
 
 
@@ -102,7 +101,7 @@ def specdec_capture_layers(config: SpecConfig, target):
 
 
 @hookimpl
-def specdec_draft(config: SpecConfig, target):
+def specdec_draft(config: SpecConfig, target, policy, verifier):
     if config.drafter != NAME:
         return None
     from specdec.drafters.mtp_checkpoint import check_against_target
@@ -112,7 +111,7 @@ def specdec_draft(config: SpecConfig, target):
     device, dtype = device_and_dtype(options, target, NAME)
     model, source = _load(options, device, dtype)
     check_against_target(model.config, target, source=source)
-    target_model = getattr(target, "model", None)
+    target_model = target.model
     if target_model is None or not hasattr(target_model, "embed"):
         raise ConfigError(
             "the MTP head shares the target's embeddings: resolve with a TargetInfo that carries the loaded target "
@@ -123,6 +122,12 @@ def specdec_draft(config: SpecConfig, target):
         lm_head = getattr(target_model, "lm_head", None)
         if lm_head is None:
             raise ConfigError(f"{source}: the MTP head has no lm_head and the target model exposes none to share")
+        tp_size = getattr(getattr(target_model, "tp", None), "size", 1)
+        if tp_size > 1:  # the target's head is vocabulary-sharded: its rows are this rank's slice only
+            raise ConfigError(
+                f"{source}: an MTP head without its own lm_head shares the target's, which is vocabulary-sharded at "
+                f"tp_size={tp_size}; use tp_size=1 or an MTP head with its own lm_head"
+            )
         weight = lm_head.weight
         if tuple(weight.shape) != (model.config.vocab_size, model.config.hidden_size):
             raise ConfigError(
@@ -137,8 +142,7 @@ def specdec_draft(config: SpecConfig, target):
     target_ids = _draft_vocab(options, model.config.vocab_size)
     if target_ids is not None and weight is not None:  # (a module with its own lm_head is refused by MTPDrafter)
         head = restricted_head(weight, target_ids)
-    samples = options.get("sample_drafts", config.verifier == "speculative")
     return MTPDrafter(
-        model, config, embed=target_model.embed, head=head, target_ids=target_ids, samples_drafts=bool(samples),
-        seed=int(options.get("seed", 0)),
+        model, config, embed=target_model.embed, head=head, target_ids=target_ids,
+        samples_drafts=verifier.needs_draft_probs, seed=int(options.get("seed", 0)), policy=policy,
     )

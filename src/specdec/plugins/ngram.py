@@ -1,15 +1,14 @@
-"""drafter="ngram": model-free prompt-lookup drafting, a chain (tree="linear") or a tree of
-distinct continuations (tree="dynamic"); see `specdec.drafters.ngram_drafter`.
+"""drafter="ngram": model-free prompt-lookup drafting, its trees grown by the tree policy
+(`config.tree`: "linear", "dynamic", "static" or a third party's greedy policy) over counted
+continuations; see `specdec.drafters.ngram_drafter`.
 
 Written as a third party would: only the public hooks. It reads no hidden state
-(`specdec_capture_layers` answers ``()``; the drafter's capability flags are all False), and
-it needs no checkpoint. Its matching runs on the host, once per step.
+(`specdec_capture_layers` answers ``()``; ``reads = "nothing"``), and it needs no
+checkpoint. Its matching runs on the host, once per step (``runs_on_host = True``).
 
 Options, in ``SpecConfig.plugin_options["ngram"]`` (a dict, validated into `NgramOptions`):
-``min_match`` (default 1), ``max_match`` (default 3), ``max_draft_tokens`` (default
-``config.max_total_draft_tokens``), ``max_branches`` (default ``config.topk`` for
-tree="dynamic", 1 for tree="linear"). Each branch holds at most ``config.max_draft_len``
-tokens. ``"checkpoint"`` is refused: this drafter has no model.
+``min_match`` (default 1), ``max_match`` (default 3). ``"checkpoint"`` is refused: this
+drafter has no model.
 """
 
 from __future__ import annotations
@@ -47,11 +46,11 @@ def specdec_capture_layers(config: SpecConfig, target):
 
 
 @hookimpl
-def specdec_draft(config: SpecConfig, target):
+def specdec_draft(config: SpecConfig, target, policy):
     if config.drafter != NAME:
         return None
     from specdec.drafters.ngram_drafter import NgramDrafter
 
-    model = getattr(target, "model", None)
+    model = target.model
     param = next(model.parameters(), None) if model is not None else None
-    return NgramDrafter(config, _options(config), device=param.device if param is not None else "cpu")
+    return NgramDrafter(config, _options(config), device=param.device if param is not None else "cpu", policy=policy)

@@ -15,7 +15,8 @@ from specdec.types import DraftTree
 class NoDrafter:
     """Root-only trees (N = 1): the verifier then just samples the next token."""
 
-    needs_hidden_states = False
+    reads = "nothing"
+    runs_on_host = False
     samples_drafts = False
     num_tree_slots = 1
 

@@ -20,6 +20,7 @@ NAME = "speculative"
 class SpeculativeVerifier:
     lossless = True  # emitted tokens follow the target distribution
     needs_draft_probs = True
+    greedy_only = False
 
     def __call__(
         self,
@@ -29,13 +30,12 @@ class SpeculativeVerifier:
         sampling=None,  # SamplingTensors with [B] rows; None = all greedy
         *,
         draft_probs: torch.Tensor | None = None,  # [B, N, V], required
-        generator: torch.Generator | None = None,
-        uniforms: torch.Tensor | None = None,  # [B, N, 2]
+        uniforms: torch.Tensor | None = None,  # [B, N, 2] float64 in [0, 1); None = fresh torch.rand draws
     ) -> Acceptance:
         if draft_probs is None:
             raise ValueError("verifier='speculative' needs draft_probs [B, N, V] (a drafter that samples its drafts)")
         probs = probs_for(target_logits, sampling)  # [B, N, V] float32
-        return verify_speculative(tokens, tree, probs, draft_probs, generator=generator, uniforms=uniforms)
+        return verify_speculative(tokens, tree, probs, draft_probs, uniforms=uniforms)
 
 
 @hookimpl

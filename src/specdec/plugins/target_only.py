@@ -20,6 +20,7 @@ NAME = "target-only"
 class TargetOnlyVerifier:
     lossless = True  # emitted tokens follow the target distribution
     needs_draft_probs = False
+    greedy_only = False
 
     def __call__(
         self,
@@ -29,11 +30,10 @@ class TargetOnlyVerifier:
         sampling=None,  # SamplingTensors with [B] rows; None = all greedy
         *,
         draft_probs: torch.Tensor | None = None,  # ignored
-        generator: torch.Generator | None = None,
-        uniforms: torch.Tensor | None = None,  # [B, N, 2]
+        uniforms: torch.Tensor | None = None,  # [B, N, 2] float64 in [0, 1); None = fresh torch.rand draws
     ) -> Acceptance:
         probs = probs_for(target_logits, sampling)  # [B, N, V] float32
-        return verify_target_only(tokens, tree, probs, generator=generator, uniforms=uniforms)
+        return verify_target_only(tokens, tree, probs, uniforms=uniforms)
 
 
 @hookimpl

@@ -67,11 +67,9 @@ class TypicalOptions:
         return TypicalOptions(**options)
 
 
-def _draws(B: int, N: int, device, generator, uniforms) -> torch.Tensor:
-    if uniforms is not None and generator is not None:
-        raise ValueError("pass either uniforms= (explicit draws) or generator=, not both")
+def _draws(B: int, N: int, device, uniforms) -> torch.Tensor:
     if uniforms is None:
-        return torch.rand(B, N, 2, generator=generator, device=device, dtype=torch.float64)
+        return torch.rand(B, N, 2, device=device, dtype=torch.float64)
     if tuple(uniforms.shape) != (B, N, 2):
         raise ValueError(f"uniforms must be [{B}, {N}, 2], got {tuple(uniforms.shape)}")
     return uniforms
@@ -131,6 +129,7 @@ class TypicalVerifier:
 
     lossless = False  # sampled rows do not follow the target distribution
     needs_draft_probs = False
+    greedy_only = False
 
     def __init__(self, options: TypicalOptions, max_depth: int) -> None:
         self.options = options
@@ -144,12 +143,11 @@ class TypicalVerifier:
         sampling=None,  # SamplingTensors with [B] rows; None = all greedy
         *,
         draft_probs: torch.Tensor | None = None,  # ignored
-        generator: torch.Generator | None = None,
-        uniforms: torch.Tensor | None = None,  # [B, N, 2]
+        uniforms: torch.Tensor | None = None,  # [B, N, 2] float64 in [0, 1); None = fresh torch.rand draws
     ) -> Acceptance:
         B, N = tokens.shape
         probs = probs_for(target_logits, sampling)  # [B, N, V] float32
-        draws = _draws(B, N, tokens.device, generator, uniforms)
+        draws = _draws(B, N, tokens.device, uniforms)
         return typical_walk(
             tokens,
             tree,

@@ -1,0 +1,151 @@
+"""`FrontierPolicy`: the expand loop and node bookkeeping that every built-in tree policy
+shares; a policy only says which candidates become the next frontier and which it keeps.
+
+The loop (fixed shapes throughout, no host sync):
+
+    call t = 0 .. D-1:  candidates = expand(frontier_t)          [B, F_t, K_t]
+                        score = frontier score + log-probability  (path log-probability)
+                        frontier_{t+1} = pick(t, score)           [B, F_{t+1}] (t < D-1)
+    keep = select(every score)                                    [B, S]
+
+Every candidate of every call enters one *history* (call-major, then frontier row, then
+candidate), so a node's parent always has a lower history index. The kept nodes are laid
+out in ascending history order (topological), nodes with score -inf ("no candidate", and
+everything under one) move to the end as padding, and parents become tree indices.
+Subclasses implement `_pick` and `_select`; third-party policies may subclass too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ConfigError
+from ..types import Candidates, Frontier, GrownTree
+from .candidates import clean_logq
+
+__all__ = ["FrontierPolicy", "assemble"]
+
+
+class FrontierPolicy:
+    """Base class of the built-in policies (the `specdec.strategies.TreePolicy` protocol).
+
+    Args:
+        widths: (F_0 = 1, F_1, ..., F_{D-1}) frontier nodes expanded at each call.
+        children: (K_0, ..., K_{D-1}) candidates asked of each frontier node.
+        num_nodes: S, the draft slots of every tree (<= the history size).
+        samples: candidates are i.i.d. draws (see `TreePolicy.samples`).
+        name: for messages.
+    """
+
+    def __init__(self, widths: tuple[int, ...], children: tuple[int, ...], num_nodes: int, *, samples: bool, name: str):
+        widths, children = tuple(int(w) for w in widths), tuple(int(k) for k in children)
+        if not widths or widths[0] != 1 or len(widths) != len(children):
+            raise ConfigError(f"tree={name!r}: widths {widths} must start with 1 (the root) and match children {children}")
+        if min(widths) < 1 or min(children) < 1:
+            raise ConfigError(f"tree={name!r}: widths {widths} and children {children} must be >= 1")
+        for t in range(1, len(widths)):
+            if widths[t] > widths[t - 1] * children[t - 1]:
+                raise ConfigError(
+                    f"tree={name!r}: call {t} expands {widths[t]} nodes, but call {t - 1} offers only "
+                    f"{widths[t - 1]} x {children[t - 1]} candidates"
+                )
+        history = sum(w * k for w, k in zip(widths, children))
+        if not 1 <= num_nodes <= history:
+            raise ConfigError(f"tree={name!r}: num_nodes={num_nodes} is out of range; allowed: [1, {history}]")
+        self.widths, self.children, self.num_nodes = widths, children, int(num_nodes)
+        self.depth = len(widths)
+        self.samples = bool(samples)
+        self.name = name
+        self.history_size = history
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _pick(self, t: int, score: torch.Tensor) -> torch.Tensor:
+        """Candidates of call t to expand at call t + 1: score [B, F_t * K_t] -> [B, F_{t+1}] int64."""
+        raise NotImplementedError
+
+    def _select(self, scores: torch.Tensor) -> torch.Tensor:
+        """History indices to keep: scores [B, M] (every candidate's path score) -> [B, S] int64."""
+        raise NotImplementedError
+
+    def use_compiled(self, on: bool = True) -> None:
+        """Built-in policies with compiled glue override this; the default has none."""
+
+    # ------------------------------------------------------------------ the loop
+    def grow(self, expand, batch: int, device) -> GrownTree:
+        B = batch
+        device = torch.device(device)
+        hist_tok, hist_score, hist_parent = [], [], []
+        expanded, dist_rows = [], []  # (history index of the frontier nodes [B, F], first dist row)
+        probs = []
+        fr_score = torch.zeros(B, 1, device=device)  # [B, F] path score of the frontier nodes
+        fr_hist = torch.full((B, 1), -1, dtype=torch.int64, device=device)  # -1 = the root
+        fr_tok, parent_slot = None, torch.zeros(B, 1, dtype=torch.int64, device=device)
+        offset, rows = 0, 0
+        for t in range(self.depth):
+            F, K = self.widths[t], self.children[t]
+            cand = expand(Frontier(depth=t, tokens=fr_tok, parent_slot=parent_slot, k=K))
+            _check_candidates(cand, B, F, K, t, self.name)
+            score = (fr_score[:, :, None] + clean_logq(cand.logq.float())).reshape(B, F * K)  # [B, F*K]
+            flat_tok = cand.tokens.reshape(B, F * K)
+            hist_tok.append(flat_tok)
+            hist_score.append(score)
+            hist_parent.append(fr_hist[:, :, None].expand(B, F, K).reshape(B, F * K))
+            probs.append(cand.probs)
+            if t > 0:
+                expanded.append((fr_hist, rows))
+            rows += F
+            if t + 1 < self.depth:
+                idx = self._pick(t, score)  # [B, F_{t+1}]
+                fr_tok = torch.gather(flat_tok, 1, idx)
+                fr_score = torch.gather(score, 1, idx)
+                fr_hist = offset + idx
+                parent_slot = idx // K
+            offset += F * K
+        scores = torch.cat(hist_score, 1)  # [B, M]
+        sel = self._select(scores)  # [B, S]
+        dists = dist_of = None
+        if all(p is not None for p in probs):
+            dists = torch.cat([p.float() for p in probs], 1)  # [B, E, Vd]
+            dist_of = torch.full((B, offset), -1, dtype=torch.int64, device=device)  # history -> dist row
+            for hist, first in expanded:
+                dist_of.scatter_(1, hist, first + torch.arange(hist.shape[1], device=device).expand_as(hist))
+        return assemble(sel, torch.cat(hist_tok, 1), torch.cat(hist_parent, 1), scores, dist_of, dists)
+
+
+def _check_candidates(cand: Candidates, B: int, F: int, K: int, t: int, name: str) -> None:
+    want = (B, F, K)
+    if tuple(cand.tokens.shape) != want or tuple(cand.logq.shape) != want:
+        raise ValueError(
+            f"tree={name!r}, call {t}: expand returned tokens {tuple(cand.tokens.shape)} and logq "
+            f"{tuple(cand.logq.shape)}; the policy asked for [{B}, {F}, {K}]"
+        )
+    if cand.probs is not None and tuple(cand.probs.shape[:2]) != (B, F):
+        raise ValueError(f"tree={name!r}, call {t}: probs {tuple(cand.probs.shape)} must be [{B}, {F}, Vd]")
+
+
+def assemble(sel, hist_tok, hist_parent, scores, dist_of=None, dists=None) -> GrownTree:
+    """Kept history indices -> a `GrownTree` (see the module docstring).
+
+    Args:
+        sel: [B, S] int64 distinct history indices to keep (any order, ancestor-closed
+            among the nodes of finite score).
+        hist_tok, hist_parent, scores: [B, M] every candidate's token, parent history index
+            (-1 = the root) and path score.
+        dist_of: [B, M] int64 dist row of each expanded history node (-1 = none) or None.
+        dists: [B, E, Vd] or None.
+    """
+    B, S = sel.shape
+    M = hist_tok.shape[1]
+    valid = torch.gather(scores, 1, sel) > float("-inf")  # [B, S]
+    key = torch.where(valid, sel, sel + M).sort(dim=-1).values  # valid first, each in history order
+    sel, valid = key % M, key < M
+    tokens = torch.where(valid, torch.gather(hist_tok, 1, sel), 0)
+    inv = torch.full_like(hist_tok, -1)  # [B, M] history index -> tree index
+    inv.scatter_(1, sel, torch.arange(1, S + 1, device=sel.device).expand(B, S))
+    ph = torch.gather(hist_parent, 1, sel)  # [B, S], -1 = child of the root
+    parents = torch.where(ph < 0, 0, torch.gather(inv, 1, ph.clamp(min=0)))
+    parents = torch.where(valid, parents, -1)
+    dist_index = None
+    if dist_of is not None:
+        dist_index = torch.where(valid, torch.gather(dist_of, 1, sel), -1)
+    return GrownTree(tokens=tokens, parents=parents, num_nodes=valid.sum(-1), dist_index=dist_index, dists=dists)

@@ -1,0 +1,226 @@
+"""The built-in tree policies: `linear`, `dynamic` (EAGLE-2), `sampled` (whole i.i.d. groups)
+and `static` (a fixed tree of "choices" paths, EAGLE-1 / Medusa format).
+
+Each is a `FrontierPolicy` that only says which candidates become the next frontier
+(`_pick`) and which the tree keeps (`_select`); `from_config` turns a `SpecConfig` into one,
+with the capacity rules that used to live in `SpecConfig` (they depend on the policy).
+
+- linear: a chain, top-1 per depth (or one i.i.d. draw per depth when sampling).
+- dynamic: EAGLE-2. Call 0: top-K children of the root; each later call expands the top-K
+  children of each of the K frontier nodes (K*K candidates scored by path log-probability)
+  and keeps the best K as the next frontier; after D calls a global rerank keeps the best
+  `budget` nodes of the whole history. Ties anywhere -> the lower history index (a child's
+  score never exceeds its parent's, so the kept set is ancestor-closed).
+- sampled: each depth draws a group of c_t i.i.d. children of one node and keeps the group
+  whole; the next node expanded is the best draw of the group (by path log-probability).
+  Group sizes: `budget` split over D groups of 1..K draws, larger groups first.
+- static: the tree of `choices` (see `specdec.policies.static_tree`).
+
+With a verifier that needs draft probabilities (standard speculative sampling), `linear`
+draws a sampled chain and `dynamic` grows the `sampled` tree (EAGLE-2's value-based pruning
+would bias the drafts), as before policies were pluggable; `static` draws i.i.d. children
+into its fixed shape.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..config import ConfigError, SpecConfig
+from .candidates import stable_topk
+from .frontier import FrontierPolicy
+from .static_tree import StaticTree, read_choices, static_tree
+
+__all__ = ["LinearPolicy", "DynamicPolicy", "SampledPolicy", "StaticPolicy", "group_sizes", "history_size", "builtin", "BUILTIN"]
+
+
+def history_size(topk: int, depth: int) -> int:
+    """Candidates an EAGLE-2 draft scores: K + K*K*(D-1)."""
+    return topk + topk * topk * (depth - 1)
+
+
+def group_sizes(budget: int, depth: int, topk: int) -> tuple[int, ...]:
+    """Children drawn at each depth of a sampled tree: `budget` split over `depth` groups of
+    1..topk draws, as evenly as possible, larger groups first."""
+    if not depth <= budget <= depth * topk:
+        raise ConfigError(f"max_total_draft_tokens={budget} is out of range; allowed: [{depth}, {depth * topk}] (depth x topk)")
+    base, extra = divmod(budget, depth)
+    return tuple(base + (1 if t < extra else 0) for t in range(depth))
+
+
+def _best(score: torch.Tensor, k: int) -> torch.Tensor:
+    return stable_topk(score, k)
+
+
+@functools.cache
+def _compiled_best():
+    return torch.compile(_best, dynamic=True, fullgraph=True)
+
+
+class _Ranked(FrontierPolicy):
+    """Policies whose frontier is the best-scored candidates (compiled glue available)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._rank = _best
+
+    def use_compiled(self, on: bool = True) -> None:
+        self._rank = _compiled_best() if on else _best
+
+
+class LinearPolicy(FrontierPolicy):
+    """A chain of `depth` drafts: the single candidate of each call is the next frontier."""
+
+    def __init__(self, depth: int, *, samples: bool = False, name: str = "linear") -> None:
+        super().__init__((1,) * depth, (1,) * depth, depth, samples=samples, name=name)
+
+    def _pick(self, t, score):
+        return torch.zeros(score.shape[0], 1, dtype=torch.int64, device=score.device)
+
+    def _select(self, scores):
+        return torch.arange(scores.shape[1], device=scores.device).expand(scores.shape[0], -1)
+
+    def __repr__(self) -> str:
+        return f"LinearPolicy(depth={self.depth}, samples={self.samples})"
+
+
+class DynamicPolicy(_Ranked):
+    """EAGLE-2 (module docstring): K children per node, K frontier nodes, `budget` kept."""
+
+    def __init__(self, topk: int, depth: int, budget: int, *, name: str = "dynamic") -> None:
+        if not 1 <= budget <= history_size(topk, depth):
+            raise ConfigError(
+                f"max_total_draft_tokens={budget} is out of range; allowed: [1, {history_size(topk, depth)}] "
+                f"for topk={topk}, depth={depth}"
+            )
+        super().__init__((1,) + (topk,) * (depth - 1), (topk,) * depth, budget, samples=False, name=name)
+        self.topk = topk
+
+    def _pick(self, t, score):
+        return self._rank(score, self.topk)
+
+    def _select(self, scores):
+        return self._rank(scores, self.num_nodes)
+
+    def __repr__(self) -> str:
+        return f"DynamicPolicy(topk={self.topk}, depth={self.depth}, budget={self.num_nodes})"
+
+
+class SampledPolicy(_Ranked):
+    """Whole i.i.d. groups of `sizes[t]` draws; the best draw of a group is expanded next."""
+
+    def __init__(self, sizes: tuple[int, ...], *, name: str = "sampled") -> None:
+        super().__init__((1,) * len(sizes), tuple(sizes), sum(sizes), samples=True, name=name)
+        self.sizes = tuple(sizes)
+
+    def _pick(self, t, score):
+        return self._rank(score, 1)
+
+    def _select(self, scores):
+        return torch.arange(scores.shape[1], device=scores.device).expand(scores.shape[0], -1)
+
+    def __repr__(self) -> str:
+        return f"SampledPolicy(sizes={self.sizes})"
+
+
+class StaticPolicy(FrontierPolicy):
+    """A fixed tree (`StaticTree`): frontier and kept nodes are constant indices."""
+
+    def __init__(self, tree: StaticTree, *, samples: bool = False, name: str = "static") -> None:
+        super().__init__(tree.widths, tree.children, len(tree.paths), samples=samples, name=name)
+        self.tree = tree
+        self._consts: dict[torch.device, tuple[list[torch.Tensor], torch.Tensor]] = {}
+
+    def _indices(self, device: torch.device):
+        """The frontier picks and kept history indices on `device` (built once per device,
+        outside any captured graph: the first call is an eager warm-up run)."""
+        if device not in self._consts:
+            picks = [torch.tensor(p, dtype=torch.int64, device=device) for p in self.tree.picks]
+            self._consts[device] = picks, torch.tensor(self.tree.kept, dtype=torch.int64, device=device)
+        return self._consts[device]
+
+    def _pick(self, t, score):
+        return self._indices(score.device)[0][t].expand(score.shape[0], -1)
+
+    def _select(self, scores):
+        return self._indices(scores.device)[1].expand(scores.shape[0], -1)
+
+    def __repr__(self) -> str:
+        return f"StaticPolicy({len(self.tree.paths)} paths, depth={self.depth}, samples={self.samples})"
+
+
+# ------------------------------------------------------------------ from a SpecConfig
+def _no_topk(config: SpecConfig, name: str, why: str) -> None:
+    if config.topk is not None:
+        # An error, not a warning: a silently ignored knob hides a misconfigured benchmark.
+        raise ConfigError(
+            f"topk={config.topk} does not apply to tree={name!r} ({why}); leave topk=None, or use a tree that "
+            "branches by topk ('dynamic', 'sampled')"
+        )
+
+
+def _budget_range(config: SpecConfig, lo: int, hi: int) -> None:
+    total = config.max_total_draft_tokens
+    if not lo <= total <= hi:
+        raise ConfigError(f"max_total_draft_tokens={total} is out of range; allowed: [{lo}, {hi}]")
+
+
+def linear(config: SpecConfig, *, samples: bool, name: str = "linear") -> FrontierPolicy:
+    _no_topk(config, name, "one chain of max_draft_len drafts")
+    D = config.max_draft_len
+    _budget_range(config, D, D)
+    return LinearPolicy(D, samples=samples, name=name)
+
+
+def dynamic(config: SpecConfig, *, samples: bool, name: str = "dynamic") -> FrontierPolicy:
+    if config.topk is None:
+        raise ConfigError(f"tree={name!r} needs topk >= 1 (children per expanded node), got None")
+    D, K = config.max_draft_len, config.topk
+    _budget_range(config, D, D * K)
+    if samples:  # exactness needs whole i.i.d. groups, not EAGLE-2's value-based pruning
+        return SampledPolicy(group_sizes(config.max_total_draft_tokens, D, K), name=name)
+    return DynamicPolicy(K, D, config.max_total_draft_tokens, name=name)
+
+
+def sampled(config: SpecConfig, *, samples: bool = True, name: str = "sampled") -> FrontierPolicy:
+    D, K = config.max_draft_len, config.topk or 1
+    _budget_range(config, D, D * K)
+    return SampledPolicy(group_sizes(config.max_total_draft_tokens, D, K), name=name)
+
+
+def static(config: SpecConfig, *, samples: bool, choices=None, name: str = "static", source: str | None = None) -> FrontierPolicy:
+    """`choices` None = the EAGLE-1 default tree cut to the config's budget and depth."""
+    _no_topk(config, name, "a static tree takes its widths from its paths")
+    tree = static_tree(
+        choices, budget=config.max_total_draft_tokens, max_depth=config.max_draft_len,
+        source=source or f"plugin_options[{name!r}]['choices']",
+    )
+    return StaticPolicy(tree, samples=samples, name=name)
+
+
+BUILTIN = {"linear": linear, "dynamic": dynamic, "static": static, "sampled": sampled}
+
+
+def builtin(config: SpecConfig, *, samples: bool) -> FrontierPolicy:
+    """The built-in policy `config.tree` names, with candidates sampled iff `samples` (or
+    always, for `sampled`); static choices come from ``plugin_options["static"]`` (``"choices"`` or ``"file"``)."""
+    from ..plugins.options import plugin_options
+
+    make = BUILTIN.get(config.tree)
+    if make is None:
+        raise ConfigError(f"tree={config.tree!r} is not a built-in policy; built-ins: {sorted(BUILTIN)}")
+    if make is static:
+        return static(config, samples=samples, **_static_choices(plugin_options(config, "static", {"choices", "file"})))
+    return make(config, samples=samples)
+
+
+def _static_choices(options: dict) -> dict:
+    """`static`'s choices and where they came from: ``"choices"`` inline, or ``"file"``, a JSON
+    file of paths (`read_choices`); neither = the EAGLE-1 default."""
+    if "choices" in options and "file" in options:
+        raise ConfigError("plugin_options['static'] takes 'choices' or 'file', not both")
+    if "file" in options:
+        return dict(choices=read_choices(options["file"]), source=f"tree choices file {options['file']}")
+    return dict(choices=options.get("choices"))

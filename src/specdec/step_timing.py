@@ -1,0 +1,88 @@
+"""Where a step's time goes: draft / verify / rest, per engine, without an extra host sync.
+
+`PhaseTimer` marks the phase boundaries of an *eager* device step: CUDA events on CUDA
+(recorded on the step's stream and read only after the token hand-off has synchronized, so
+timing adds no wait), the host clock on the CPU (where every op has finished when it
+returns). A captured CUDA graph is one replay with no boundaries inside it, so the engine
+splits a step only when `SpecEngine.phase_timing` is on, and then runs the step eagerly (the
+compiled pieces stay compiled; launch overhead is included in each phase). Without it the
+engine still counts every step's total time.
+
+Phases: ``draft`` = the drafter's propose and tree building; ``verify`` = the target's
+tree-verify forward; ``rest`` = the step's total minus both (verification, KV relocation,
+state advance, the hand-off and the engine's host work of the step).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PHASES", "PhaseTimer", "StepTimes"]
+
+PHASES = ("draft", "verify")  # marked inside the step; "rest" is what remains of the total
+
+
+class PhaseTimer:
+    """Boundaries of one eager step: `start()`, then `mark(phase)` at the end of each phase."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._marks: list[tuple[str, object]] = []
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self._marks = [("start", self._now())]
+
+    def mark(self, phase: str) -> None:
+        self._marks.append((phase, self._now()))
+
+    def read(self) -> dict[str, float]:
+        """Seconds of each marked phase; call after the step's work has completed (the hand-off)."""
+        out: dict[str, float] = {}
+        for (_, a), (phase, b) in zip(self._marks, self._marks[1:]):
+            out[phase] = out.get(phase, 0.0) + (a.elapsed_time(b) / 1e3 if self.cuda else b - a)
+        return out
+
+
+@dataclass
+class StepTimes:
+    """Totals over an engine's steps. `steps` / `seconds`: every step (host time from the
+    step's start to its hand-off); `split_steps` and `draft_s` / `verify_s` / `rest_s`: the
+    steps that ran with phase timing on (their phases add up to their total)."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    split_steps: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    rest_s: float = 0.0
+
+    def add(self, seconds: float, phases: dict[str, float] | None = None) -> None:
+        self.steps += 1
+        self.seconds += seconds
+        if phases is not None:
+            draft, verify = phases.get("draft", 0.0), phases.get("verify", 0.0)
+            self.split_steps += 1
+            self.draft_s += draft
+            self.verify_s += verify
+            self.rest_s += max(0.0, seconds - draft - verify)
+
+    def summary(self) -> str:
+        """One line: ms per step, and the split when some steps were timed by phase."""
+        if not self.steps:
+            return "no steps"
+        text = f"{self.steps} steps, {1e3 * self.seconds / self.steps:.2f} ms/step"
+        if self.split_steps:
+            n = self.split_steps
+            text += (f" (phase-timed {n}: draft {1e3 * self.draft_s / n:.2f} ms, verify {1e3 * self.verify_s / n:.2f} ms, "
+                     f"rest {1e3 * self.rest_s / n:.2f} ms)")
+        return text

@@ -1,0 +1,77 @@
+"""Step time per engine: every step counted; with phase timing on, each step split into
+draft / verify / rest that add up to its total, seen by a StepObserver and by the CLI; the
+output is unchanged by timing."""
+
+from __future__ import annotations
+
+import pytest
+
+import specdec
+from specdec import SamplingParams, SpecConfig, SpecDecoder
+from specdec.cli import main
+from specdec.drafters.eagle3_checkpoint import save_eagle3
+
+from _chat_tokenizer import save_chat_tokenizer
+from _eagle3_heads import random_head
+from _mtp_heads import e2e_cpu  # noqa: F401  (a fixture)
+from _tiny_models import make_checkpoint
+
+pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
+              pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")]
+PROMPTS = [[5, 17, 33], [71], [3, 14, 15, 92, 65]]
+CONFIG = SpecConfig(drafter="eagle3", tree="dynamic", topk=2, max_draft_len=3, max_batch_size=2, max_seq_len=64,
+                    kv_block_size=4)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    make_checkpoint("llama", folder, num_hidden_layers=4, seed=3)
+    save_chat_tokenizer(folder)
+    head = tmp_path_factory.mktemp("head")
+    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 2, 3)), head)
+    return dict(folder=folder, target=specdec.load_target(folder), head=head)
+
+
+class Recorder:
+    def __init__(self):
+        self.seen = []
+
+    def on_step(self, engine, accept_length):
+        self.seen.append((engine.step_times.steps, engine.step_times.split_steps, engine.last_step_seconds))
+
+
+def test_steps_are_counted_and_phase_timing_splits_them_without_changing_the_output(world):
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    dec = SpecDecoder.from_pretrained(world["target"], world["head"], CONFIG)
+    plain = [r.token_ids for r in dec.generate(PROMPTS, params)]
+    times = dec.step_times
+    assert times.steps >= 10 and times.split_steps == 0 and times.seconds > 0
+    assert "ms/step" in times.summary() and "phase-timed" not in times.summary()
+
+    recorder = Recorder()
+    dec.add_observer(recorder)
+    dec.time_phases(True)
+    before = times.steps
+    timed = [r.token_ids for r in dec.generate(PROMPTS, params)]
+    assert timed == plain
+    assert times.split_steps == times.steps - before > 0
+    assert times.draft_s > 0 and times.verify_s > 0 and times.rest_s >= 0
+    assert times.draft_s + times.verify_s <= times.seconds  # the phases lie inside the steps' totals
+    assert [s for s, _, _ in recorder.seen] == list(range(before + 1, times.steps + 1))  # after each hand-off
+    assert all(split == s - before for s, split, _ in recorder.seen)
+    assert "phase-timed" in times.summary() and "draft" in times.summary()
+    dec.time_phases(False)
+    split, steps = times.split_steps, times.steps
+    dec.generate(PROMPTS[:1], params)
+    assert times.steps > steps and times.split_steps == split  # off again: counted, not split
+
+
+def test_the_command_line_prints_the_split(world, capsys):
+    code = main(["generate", "--target", str(world["folder"]), "--draft", str(world["head"]), "--raw", "--device", "cpu",
+                 "--max-new-tokens", "6", "--ignore-eos", "--time-phases", "--no-stream", "--max-draft-len", "3",
+                 "--max-seq-len", "64", "--kv-block-size", "4", "w1 w2"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    line = next(l for l in err.splitlines() if l.startswith("specdec: steps:"))
+    assert "ms/step" in line and "draft" in line and "verify" in line and "rest" in line
