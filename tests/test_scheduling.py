@@ -81,14 +81,21 @@ def test_stream_yields_exactly_what_generate_returns(world, sampled):
     dec = _decoder(world, verifier="target-only")
     prompts, lengths = world["prompts"][:6], world["lengths"][:6]
     params = [_greedy(n, **(dict(temperature=1.0, top_k=8, seed=100 + i) if sampled else {})) for i, n in enumerate(lengths)]
-    expect = [r.token_ids for r in dec.generate(prompts, params)]
+    results = dec.generate(prompts, params)
+    expect = [r.token_ids for r in results]
     got = [[] for _ in prompts]
     finishes = [[] for _ in prompts]
+    stats = [[] for _ in prompts]
     for delta in dec.stream(prompts, params):
         got[delta.index] += delta.token_ids
         finishes[delta.index].append(delta.finish_reason)
+        stats[delta.index].append(delta.stats)
     assert got == expect
     assert all(f[-1] == "length" and all(x is None for x in f[:-1]) for f in finishes)
+    # the last delta carries the request's stats: the same steps and acceptance as generate's
+    assert all(all(x is None for x in st[:-1]) for st in stats)
+    assert [(st[-1].steps, st[-1].accepted_per_step, st[-1].mean_accept_length) for st in stats] == [
+        (r.stats.steps, r.stats.accepted_per_step, r.stats.mean_accept_length) for r in results]
     assert _all_blocks_free(dec)
 
 

@@ -356,6 +356,7 @@ class SpecDecoder:
         index = {r.id: i for i, r in enumerate(requests)}
         sent = [0] * len(requests)
         detok = [IncrementalDetokenizer(self.target.tokenizer) for _ in requests]
+        start = time.perf_counter()
         try:
             while any(not r.finished for r in requests):
                 for r in self.engine.run_iteration():
@@ -366,7 +367,8 @@ class SpecDecoder:
                     sent[i] = len(r.token_ids)
                     if new or r.finished:
                         text = detok[i].push(new, final=r.finished)
-                        yield StreamDelta(i, new, text, r.finish_reason if r.finished else None, r.error)
+                        stats = self._result(r, encoded[i], time.perf_counter() - start).stats if r.finished else None
+                        yield StreamDelta(i, new, text, r.finish_reason if r.finished else None, r.error, stats)
         finally:
             for request in requests:
                 self.engine.abort(request)

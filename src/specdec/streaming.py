@@ -28,6 +28,8 @@ class StreamDelta:
     finish_reason: None until the request's last delta, then "stop", "eos", "length",
                    "aborted" or "error"
     error:         the message when finish_reason is "error"
+    stats:         the request's `GenerationStats` on its last delta (steps, acceptance,
+                   seconds since the call began); None before
     """
 
     index: int
@@ -35,6 +37,7 @@ class StreamDelta:
     text: str | None
     finish_reason: str | None = None
     error: str | None = None
+    stats: object | None = None
 
 
 class IncrementalDetokenizer:
