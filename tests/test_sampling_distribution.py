@@ -30,27 +30,11 @@ from hypothesis import strategies as st
 
 from specdec.ops import build_tree, sample_from_probs, verify_speculative, verify_target_only
 from specdec.types import TreeMeta
+from specdec.testing.oracles import DELTA, EPS_NUM, assert_follows  # the kit's thresholds (tv_bound)
 from tree_cases import DEVICE, ON_GPU, children_lists, ci_examples
 
-DELTA = 1e-6
-EPS_NUM = 1e-4
 TRIALS = 2**20 if ON_GPU else 2**16
 IMPL = "auto" if ON_GPU else "ref"
-
-
-def tv_bound(categories: int, samples: int, delta: float = DELTA) -> float:
-    return 0.5 * math.sqrt((categories - 1) / samples) + math.sqrt(math.log(1 / delta) / (2 * samples)) + EPS_NUM
-
-
-def assert_follows(samples: torch.Tensor, law: torch.Tensor, what: str) -> float:
-    """Assert TV(empirical law of `samples`, `law`) <= tau; returns the TV distance."""
-    K, n = law.numel(), samples.numel()
-    assert int(samples.min()) >= 0 and int(samples.max()) < K, f"{what}: category out of range"
-    empirical = torch.bincount(samples.flatten().cpu(), minlength=K).double() / n
-    tv = 0.5 * float((empirical - law.double().cpu()).abs().sum())
-    tau = tv_bound(K, n)
-    assert tv <= tau, f"{what}: TV={tv:.4f} > tau={tau:.4f} (K={K}, n={n}, delta={DELTA})"
-    return tv
 
 
 def _dist(g: torch.Generator, shape, sparsity: float) -> torch.Tensor:

@@ -3,7 +3,6 @@ PyTorch reference and the Triton kernel (interpreted on CPU), checked against pa
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, note
@@ -11,8 +10,9 @@ from hypothesis import strategies as st
 
 from specdec.ops import build_tree, check_tree
 from specdec.types import TreeMeta
+from specdec.testing.check_trees import check_tree_meta  # the kit's oracle: mask, positions, siblings, retrieve
 from tree_cases import DEVICE as device
-from tree_cases import children_lists, ci_examples, kernel_sizes, make_trees, trees, unpack_mask
+from tree_cases import ci_examples, kernel_sizes, make_trees, trees
 
 KERNEL_BATCH, KERNEL_SLOTS = kernel_sizes(full=(8, 256), small=(3, 70))
 IMPLS = ["ref", "triton"]
@@ -22,40 +22,13 @@ def _sizes(impl: str) -> dict:
     return dict(max_batch=KERNEL_BATCH, max_slots=KERNEL_SLOTS) if impl == "triton" else dict(max_batch=8, max_slots=256)
 
 
-def _check_tree_meta(case, meta: TreeMeta) -> None:
-    """Every field of `meta` against the parent walk of `case`."""
-    B, N = case.batch, case.slots
-    assert meta.packed_mask.shape == (B, N, (N + 31) // 32) and meta.packed_mask.dtype == torch.int32
-    bits = unpack_mask(meta.packed_mask.cpu()).numpy()  # [B, N, 32W]
-    parents, num_nodes = case.parents.tolist(), case.num_nodes.tolist()
-    positions, nt, ns, ridx = (t.cpu().tolist() for t in (meta.positions, meta.next_token, meta.next_sibling, meta.retrieve_index))
-    for b in range(B):
-        n = num_nodes[b]
-        expect = np.zeros((N, bits.shape[-1]), dtype=bool)  # ancestor-or-self rows; bits >= N clear
-        for i in range(N):
-            if 0 < i < n:
-                expect[i] = expect[parents[b][i]]
-            expect[i, i] = True  # padding rows: self bit only
-        assert (bits[b] == expect).all(), (b, np.argwhere(bits[b] != expect)[:5].tolist())
-        assert positions[b] == [int(expect[i].sum()) - 1 for i in range(N)]
-        assert ridx[b] == [b * N + i if i < n else -1 for i in range(N)]
-        kids = children_lists(parents[b], n)
-        for i in range(N):
-            walked, c = [], nt[b][i]
-            while c != -1 and len(walked) <= N:
-                walked.append(c)
-                c = ns[b][c]
-            assert walked == (kids[i] if i < n else []), (b, i, walked)
-        assert ns[b][0] == -1 and all(ns[b][i] == -1 for i in range(n, N))
-
-
 @pytest.mark.parametrize("impl", IMPLS)
 @given(data=st.data())
 def test_tree_meta_matches_the_parent_walk(impl, data):
     case = data.draw(trees(**_sizes(impl)))
     note(f"seed={case.seed} shape={case.shape} B={case.batch} N={case.slots} num_nodes={case.num_nodes.tolist()}")
     meta = build_tree(case.parents.to(device), case.num_nodes.to(device), impl=impl)
-    _check_tree_meta(case, meta)
+    check_tree_meta(case, meta)
 
 
 @given(case=trees(max_batch=KERNEL_BATCH, max_slots=KERNEL_SLOTS))
@@ -81,7 +54,7 @@ def test_deep_tree_then_shallow_tree_in_the_same_buffers_leaves_no_stale_bit(imp
     case = make_trees(B, N, shallow, seed + 1, padded=True)
     out = build_tree(case.parents.to(device), case.num_nodes.to(device), out=buf, impl=impl)
     assert out is buf
-    _check_tree_meta(case, buf)
+    check_tree_meta(case, buf)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
