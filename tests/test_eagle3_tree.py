@@ -11,23 +11,22 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from specdec.drafters.dynamic_tree import eagle2_tree, group_sizes, history_size, sampled_tree, stable_topk
+from specdec.testing.oracles import PathTable, naive_dynamic
 
-P, ROWS = 1_000_003, 61
+ROWS = 61
+P = PathTable.P
 
 
 def _hash(h, tok):
-    return (h * 31 + tok + 1) % P
+    return (h * 31 + tok + 1) % P  # `PathTable.child`
 
 
-class Oracle:
-    """logq(path) = table[hash(path) % ROWS]; the same for tensors and for Python lists."""
+class Oracle(PathTable):
+    """The kit's path table (logq(path) = table[hash(path) % ROWS]) with the callbacks the
+    `eagle2_tree` / `sampled_tree` adapters take: the roots' rows and a tensor `step`."""
 
     def __init__(self, vocab: int, seed: int, integer: bool = False, scale: float = 3.0):
-        gen = torch.Generator().manual_seed(seed)
-        logits = torch.randn(ROWS, vocab, generator=gen) * scale
-        if integer:  # many exact ties
-            logits = logits.round().clamp(-2, 2)
-        self.table = torch.log_softmax(logits, -1).clamp(max=0.0)  # [ROWS, V] float32
+        super().__init__(vocab, seed, rows=ROWS, scale=scale, integer=integer)
 
     def root(self, B):
         return self.table[torch.arange(B) % ROWS]  # root of row b has hash b
@@ -43,35 +42,10 @@ class Oracle:
 
         return step
 
-    def row(self, h):
-        return self.table[h % ROWS].numpy()
-
 
 def naive_eagle2(oracle: Oracle, b: int, K: int, D: int, budget: int):
-    """EAGLE-2 on Python lists for batch row b: returns (tokens, parents) of nodes 1..budget."""
-    f32 = np.float32
-    nodes = []  # dicts: tok, score, parent (history index or -1), h
-
-    def top(lq):
-        return sorted(range(len(lq)), key=lambda v: (-lq[v], v))[:K]
-
-    lq = oracle.row(b)
-    for tok in top(lq):
-        nodes.append(dict(tok=tok, score=f32(lq[tok]), parent=-1, h=_hash(b, tok)))
-    frontier = list(range(K))
-    for t in range(2, D + 1):
-        start = len(nodes)
-        for f in frontier:
-            node = nodes[f]
-            lq = oracle.row(node["h"])
-            for tok in top(lq):
-                nodes.append(dict(tok=tok, score=f32(node["score"] + f32(lq[tok])), parent=f, h=_hash(node["h"], tok)))
-        cands = list(range(start, len(nodes)))
-        frontier = sorted(cands, key=lambda i: (-nodes[i]["score"], i))[:K]
-    keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i]["score"], i))[:budget])
-    tree_index = {h: i + 1 for i, h in enumerate(keep)}
-    tokens = [nodes[h]["tok"] for h in keep]
-    parents = [0 if nodes[h]["parent"] < 0 else tree_index[nodes[h]["parent"]] for h in keep]
+    """EAGLE-2 on Python lists for batch row b (the kit's brute force): (tokens, parents) of nodes 1..budget."""
+    tokens, parents, _ = naive_dynamic(oracle, b, K, D, budget)
     return tokens, parents
 
 
