@@ -68,6 +68,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fail-rate", type=float, default=0.01, help="chance a drafter call raises")
     p.add_argument("--cancel-rate", type=float, default=0.05, help="share of requests aborted mid-flight")
+    p.add_argument("--drafter", default="eagle3", choices=["eagle3", "ngram"],
+                   help="eagle3: a random head (drafts rarely accepted); ngram: prompt lookup, whose drafts the tiny "
+                        "model's repetitive output accepts (KV relocation under churn)")
     args = p.parse_args()
     import os
 
@@ -82,17 +85,19 @@ def main() -> None:
     save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1),
                 tmp / "head")
     target = load_target(tmp / "target", device=args.device)
-    config = SpecConfig(drafter="eagle3", verifier="target-only", tree="dynamic", topk=2, max_draft_len=3,
+    head = tmp / "head" if args.drafter == "eagle3" else None
+    config = SpecConfig(drafter=args.drafter, verifier="target-only", tree="dynamic", topk=2, max_draft_len=3,
                         max_batch_size=args.max_batch_size, max_seq_len=128, kv_block_size=4, num_kv_blocks=120)
-    dec = SpecDecoder.from_pretrained(target, tmp / "head", config)
+    dec = SpecDecoder.from_pretrained(target, head, config)
     dec.warmup(progress=False)
     engine, rng = dec.engine, random.Random(args.seed)
     drafter = dec.strategies.drafter
-    real_propose, real_prefill = drafter.propose, drafter.prefill
+    propose_name = "propose_host" if dec.strategies.drafter_caps.runs_on_host else "propose"
+    real_propose, real_prefill = getattr(drafter, propose_name), drafter.prefill
     gc.collect()
     rss0 = current_rss_mb()
     dev0 = torch.cuda.memory_allocated() if args.device.startswith("cuda") else 0
-    drafter.propose = faulty(real_propose, rng, args.fail_rate, "propose")
+    setattr(drafter, propose_name, faulty(real_propose, rng, args.fail_rate, propose_name))
     drafter.prefill = faulty(real_prefill, rng, args.fail_rate, "prefill")
 
     t0 = time.perf_counter()
@@ -113,7 +118,8 @@ def main() -> None:
             engine.abort(rng.choice(live))
             cancelled += 1
     seconds = time.perf_counter() - t0
-    drafter.propose, drafter.prefill = real_propose, real_prefill
+    setattr(drafter, propose_name, real_propose)
+    drafter.prefill = real_prefill
 
     reasons: dict[str, int] = {}
     for r, _ in requests:
@@ -127,7 +133,7 @@ def main() -> None:
     dev1 = torch.cuda.memory_allocated() if args.device.startswith("cuda") else 0
 
     # every completed greedy request against its solo run on a fresh decoder
-    solo = SpecDecoder.from_pretrained(target, tmp / "head", config.replace(max_batch_size=1, num_kv_blocks=None))
+    solo = SpecDecoder.from_pretrained(target, head, config.replace(max_batch_size=1, num_kv_blocks=None))
     done = [r for r, greedy in requests if greedy and r.finish_reason == "length"]
     mismatches = sum(
         solo.generate([r.prompt], SamplingParams(max_new_tokens=r.params.max_new_tokens, ignore_eos=True,
@@ -135,6 +141,9 @@ def main() -> None:
         for r in done
     )
     preempted = sum(r.preemptions for r, _ in requests)
+    accepted = sum(sum(r.accepted_per_step) for r, _ in requests)
+    steps = sum(len(r.accepted_per_step) for r, _ in requests)
+    print(f"draft tokens accepted {accepted} over {steps} request-steps")
     print(f"requests {submitted} in {seconds:.1f} s, finish reasons {dict(sorted(reasons.items()))}, "
           f"aborted by the soak {cancelled}, preemptions {preempted}")
     print(f"held at the end: {held}")
