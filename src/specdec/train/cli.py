@@ -77,6 +77,8 @@ def _train_config(args):
         epochs=args.epochs, max_steps=args.steps, batch_tokens=args.batch_tokens, max_len=args.max_len, lr=args.lr,
         warmup_steps=args.warmup, seed=args.seed, max_minutes=args.max_minutes, log_every=args.log_every,
         val_every=args.val_every, fc_norm=not args.no_fc_norm, capture_layers=layers, compile=args.compile,
+        early_stop_patience=getattr(args, "early_stop_patience", None),
+        val_fraction=getattr(args, "val_fraction", TrainConfig.val_fraction),
     )
 
 
@@ -201,6 +203,11 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the training phase")
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--val-every", type=int, default=100)
+    g.add_argument("--val-fraction", type=float, default=0.02,
+                   help="share of the distilled sequences held out for validation (per category in the log)")
+    g.add_argument("--early-stop-patience", type=int, default=None,
+                   help="stop after this many validations (every --val-every steps) without a better mean est. tau over "
+                        "the validation categories (default: off, the whole schedule runs)")
     g.add_argument("--capture-layers", default=None, help="e.g. 1,14,26 (output convention); default (1, L//2-1, L-4)")
     g.add_argument("--no-fc-norm", action="store_true", help="plain fc (no per-chunk RMSNorm before it)")
     g.add_argument("--compile", action="store_true", help="torch.compile the teacher forward and the TTT unroll")

@@ -10,9 +10,6 @@ with that encoder, for training data that holds conversations.
 from __future__ import annotations
 
 import json
-import time
-
-import torch
 
 from .prompts import Prompt, encode_prompt
 
@@ -70,28 +67,9 @@ def encode_any(prompt: Prompt, tokenizer, vocab_size: int | None = None) -> list
     return encode_messages(messages, tokenizer)
 
 
-def build_mix_distill_data(target, prompts: list[Prompt], *, max_new_tokens: int, batch_size: int,
-                           max_prompt_tokens: int = 512, temperature: float = 0.0, seed: int = 0,
-                           deadline: float | None = None, progress: bool = True, cuda_graph: bool = False):
-    """`distill.build_distill_data` for prompts of any kind (multi-turn included, via `encode_any`);
-    the same `DistillData` and meta keys."""
-    from .distill import DistillData, generate_responses
+def build_mix_distill_data(target, prompts: list[Prompt], **kw):
+    """`distill.build_distill_data` for prompts of any kind (multi-turn included): the same
+    keyword arguments, `DistillData` and meta keys, with `encode_any` as the encoder."""
+    from .distill import build_distill_data
 
-    start = time.perf_counter()
-    encoded, kept = [], []
-    for p in prompts:
-        ids = encode_any(p, target.tokenizer, target.info.vocab_size)
-        if 0 < len(ids) <= max_prompt_tokens:
-            encoded.append(ids)
-            kept.append(p)
-    responses = generate_responses(target.model, encoded, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                   eos_token_ids=tuple(target.info.eos_token_ids), temperature=temperature, seed=seed,
-                                   deadline=deadline, progress=progress, cuda_graph=cuda_graph)
-    got = [(ids, r, p) for ids, r, p in zip(encoded, responses, kept) if r]
-    data = DistillData.pack([torch.tensor(ids + r, dtype=torch.int32) for ids, r, _ in got], [len(ids) for ids, _, _ in got],
-                            [p.kind for _, _, p in got])
-    data.meta.update(prompts_asked=len(prompts), prompts_too_long=len(prompts) - len(kept),
-                     prompts_not_reached=sum(r is None for r in responses), max_new_tokens=max_new_tokens,
-                     temperature=temperature, seed=seed, batch_size=batch_size, seconds=round(time.perf_counter() - start, 2),
-                     response_tokens=data.num_response_tokens, total_tokens=int(data.tokens.numel()))
-    return data
+    return build_distill_data(target, prompts, encode=encode_any, **kw)

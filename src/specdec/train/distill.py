@@ -10,6 +10,7 @@ and never looks at a draft head.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,16 +286,19 @@ def build_distill_data(
     deadline: float | None = None,
     progress: bool = True,
     cuda_graph: bool = False,
+    encode: Callable[[Prompt, object, int | None], list[int]] = encode_prompt,
 ) -> DistillData:
     """Encode `prompts`, let the target answer them, and pack prompt + response sequences.
 
     Prompts longer than `max_prompt_tokens` are dropped; so are prompts not reached before
-    `deadline`. `meta` records counts, settings and the generation time.
+    `deadline`. `meta` records counts, settings and the generation time. `encode(prompt,
+    tokenizer, vocab_size) -> ids` turns a prompt into tokens (default `prompts.encode_prompt`;
+    `conversation.encode_any` for data holding multi-turn prompts).
     """
     start = time.perf_counter()
     encoded, kept = [], []
     for p in prompts:
-        ids = encode_prompt(p, target.tokenizer, target.info.vocab_size)
+        ids = encode(p, target.tokenizer, target.info.vocab_size)
         if 0 < len(ids) <= max_prompt_tokens:
             encoded.append(ids)
             kept.append(p)

@@ -58,6 +58,7 @@ def train_mtp(
     resume: bool = True,
     progress: bool = True,
     stop_after: int | None = None,
+    val_data=None,
 ) -> TrainResult:
     """Train an MTP head (MTP-Eagle recursion) for `target` on `data` (`DistillData`).
 
@@ -68,11 +69,13 @@ def train_mtp(
         resume: continue from ``work_dir/checkpoint`` when it exists.
         stop_after: end this call after that many optimizer steps (checkpointed; the next call
             resumes and the result is the same as one uninterrupted run).
+        val_data: validation `DistillData` (its kinds give the categories); None = a
+            `cfg.val_fraction` split of `data`.
     Returns:
         `TrainResult` with the trained `MTPModel` (float32, on the target's device); coverage is 1.0
         (the head predicts over the full vocabulary).
     """
-    run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume)
+    run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume, val_data=val_data)
     if run_setup.state is not None:
         head = load_mtp(run_setup.checkpoint, layout="specdec", device="cpu", dtype=torch.float32)
     else:

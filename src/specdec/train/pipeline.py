@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "load_or_make_data", "run_pipeline"]
+__all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "estimate_vs_measured", "load_or_make_data", "run_pipeline",
+           "validation_table"]
 
 OUT_FILES = (
     "config.json", "model.safetensors", "draft_vocab.safetensors", "training_curves.png", "train_log.jsonl",
@@ -189,6 +190,50 @@ def load_or_make_data(args, target, work: Path, phases: Phases):
     return data
 
 
+def _num(x, fmt: str = ".2f") -> str:
+    return "-" if x is None or x != x else format(x, fmt)
+
+
+def validation_table(last_val: dict | None) -> list[str]:
+    """Markdown lines: the last validation's loss, step-0 accuracy and est. tau per category."""
+    cats = (last_val or {}).get("categories")
+    if not cats:
+        return []
+    lines = ["| category | val batches | loss | acc (TTT step 0) | est. tau (chain, 5 drafts) |", "|---|---|---|---|---|"]
+    for c, v in cats.items():
+        lines.append(f"| {c} | {v['batches']} | {_num(v['loss'], '.3f')} | {_num(v['step_acc'][0], '.3f')} | {_num(v['est_tau'])} |")
+    lines.append(f"| mean over categories | - | {_num(last_val['mean_loss'], '.3f')} | - | {_num(last_val['mean_est_tau'])} |")
+    return lines
+
+
+def estimate_vs_measured(last_val: dict | None, eval_rows: list[dict] | None) -> list[str]:
+    """Markdown lines: per category, the training estimate (chain, 5 drafts, from the last
+    validation) beside the tau each drafted evaluation setup measured, and measured minus
+    estimated for the chain setup (the estimate's counterpart); "-" where a side lacks the
+    category. Empty without an evaluation or a validation."""
+    drafted = [r for r in eval_rows or [] if r.get("setup") != "target"]
+    if not drafted or not last_val:
+        return []
+    est = {c: v["est_tau"] for c, v in last_val.get("categories", {}).items()}
+    measured = [r.get("tau_by_category", {}) for r in drafted]
+    from .trainer import _ordered
+
+    cats = _ordered(list(est) + [c for m in measured for c in m])  # the evaluation table's order
+    chain = next((i for i, r in enumerate(drafted) if r.get("setup") == "linear"), None)
+    head = "| category | est. tau (training) | " + "".join(f"measured tau ({r['name']}) | " for r in drafted)
+    head += "measured - estimated (chain) |" if chain is not None else ""
+    lines = [head, "|" + "---|" * (2 + len(drafted) + (chain is not None))]
+    rows = [(c, est.get(c), [m.get(c) for m in measured]) for c in cats]
+    rows.append(("all", last_val.get("est_tau"), [r.get("tau") for r in drafted]))
+    for c, e, ms in rows:
+        line = f"| {c} | {_num(e)} | " + "".join(f"{_num(m)} | " for m in ms)
+        if chain is not None:
+            m = ms[chain]
+            line += f"{_num(m - e if m is not None and e is not None else None, '+.2f')} |"
+        lines.append(line)
+    return lines
+
+
 def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, phases: Phases, eval_rows,
                   extra_lines: list[str]) -> None:
     from .evaluate import format_table
@@ -199,6 +244,10 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
     machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
     size = (out / "model.safetensors").stat().st_size
     kinds = ", ".join(f"{k} {data.kinds.count(k)}" for k in sorted(set(data.kinds)))
+    from .trainer import category_of_kind
+
+    cats = [category_of_kind(k) for k in data.kinds]
+    categories = ", ".join(f"{c} {cats.count(c)}" for c in sorted(set(cats)))
     lines = [
         f"# {recipe.title} for `{args.target}`",
         "",
@@ -220,6 +269,7 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
            f"{getattr(args, 'mix_shares', None) or 'default'}; held-out topics and templates never trained on)"
            if getattr(args, "data_mix", "source") == "diverse" else "")
         + f", {len(data)} answered; kinds: {kinds}",
+        f"- categories (as in the evaluation table): {categories}",
         f"- responses: the target's own greedy answers (temperature {data.meta.get('temperature')}), at most "
         f"{data.meta.get('max_new_tokens')} new tokens; {data.meta.get('response_tokens')} response tokens, "
         f"{data.meta.get('total_tokens')} tokens with prompts; generated in {data.meta.get('seconds')} s",
@@ -232,7 +282,12 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         "## Training",
         "",
         f"- {result.steps} steps of {result.total_steps} planned, {result.seconds / 60:.1f} min"
-        + (" (stopped by the time budget)" if result.stopped_early else ""),
+        + (" (stopped by the time budget)" if result.stopped_early else "")
+        + (f" (early stop: no better mean validation est. tau for {cfg.early_stop_patience} evaluations)"
+           if result.plateaued else ""),
+        f"- {result.tokens:,} training tokens seen (unpadded, prompts included)"
+        + (f"; best mean validation est. tau over the categories {result.best_watched:.2f}"
+           if result.best_watched is not None else ""),
         f"- {recipe.config_note}: `{json.dumps(asdict(cfg))}`",
         f"- last train record: `{json.dumps(result.last)}`",
         f"- last validation record: `{json.dumps(result.last_val)}`",
@@ -242,8 +297,17 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         ", ".join(f"{k} {v:.1f}" for k, v in phases.times.items()),
         "",
     ]
+    val_lines = validation_table(result.last_val)
+    if val_lines:
+        lines += ["## Validation per category (last evaluation during training)", "", *val_lines, ""]
     if eval_rows:
         lines += ["## Evaluation (held-out prompts, greedy)", "", format_table(eval_rows), ""]
+        compare = estimate_vs_measured(result.last_val, eval_rows)
+        if compare:
+            lines += ["## Estimated tau (training) vs measured tau (evaluation)", "",
+                      "The estimate is 1 + sum_k prod_{j<=k} acc_j over 5 drafts from the validation's per-step accuracy "
+                      "(validation sequences come from the training distribution; the evaluation prompts are held out).",
+                      "", *compare, ""]
     (out / "TRAINING.md").write_text("\n".join(lines), encoding="utf-8")
 
 

@@ -14,6 +14,12 @@ step, data position, schedule length, RNG, log so far). Resuming checks that the
 same. A time budget (`max_minutes`) is met by measuring the first steps and, if the planned
 steps would not fit, shortening the schedule once (so the cosine still ends at its floor);
 a hard stop at the deadline saves a checkpoint that a later call resumes.
+
+Validation is per category (`categories.category_of` of each held-out sequence's kind, the
+grouping of the evaluation table): loss, per-step accuracy and the estimated chain acceptance
+length (`ttt.estimated_accept_length`) of each category, plus the overall numbers as before.
+Early stopping (`TrainConfig.early_stop_patience`, off by default) watches the mean estimated
+tau over the categories, so a run that only improves its largest category does not keep going.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ from .ttt import estimated_accept_length, ttt_unroll
 from .vocab import build_vocab_map, coverage, token_counts
 
 __all__ = [
-    "RunSetup", "TrainConfig", "TrainResult", "build_head", "checkpoint_saver", "lr_at", "prepare_run", "run_training_loop",
-    "scaled_output_norm", "train_eagle3",
+    "EarlyStop", "RunSetup", "TrainConfig", "TrainResult", "ValSums", "build_head", "category_of_kind", "checkpoint_saver",
+    "lr_at", "prepare_run", "run_training_loop", "scaled_output_norm", "summarize_validation", "train_eagle3",
+    "validation_batches",
 ]
 
 STATE_FILE = "trainer_state.pt"
@@ -79,6 +86,8 @@ class TrainConfig:
     ckpt_minutes: float = 2.0
     amp: bool = True  # bf16 autocast on CUDA (ignored on the CPU)
     compile: bool = False  # torch.compile the teacher forward and the TTT unroll
+    early_stop_patience: int | None = None  # stop after this many evaluations without a better watched value; None = off
+    early_stop_min_delta: float = 0.0  # an evaluation counts as better when it beats the best by more than this
 
     def __post_init__(self) -> None:
         def bad(name, rng):
@@ -110,6 +119,11 @@ class TrainConfig:
             bad("max_minutes", "> 0 or None")
         if not 0 <= self.val_fraction < 1:
             bad("val_fraction", "[0, 1)")
+        p = self.early_stop_patience
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            bad("early_stop_patience", "int >= 1 or None")
+        if not self.early_stop_min_delta >= 0:
+            bad("early_stop_min_delta", ">= 0")
 
 
 @dataclass
@@ -122,6 +136,9 @@ class TrainResult:
     last: dict  # last train log record
     last_val: dict | None
     stopped_early: bool  # the time budget ended the run before its schedule
+    plateaued: bool = False  # early stopping ended the run (the watched value stopped improving)
+    tokens: int = 0  # training tokens (unpadded) seen over every call of the run
+    best_watched: float | None = None  # best mean validation est. tau over the categories
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -227,9 +244,10 @@ class RunSetup:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.use_amp else torch.autocast("cpu", enabled=False)
 
 
-def prepare_run(target, data, cfg: "TrainConfig", *, work_dir, log_path, resume: bool) -> RunSetup:
+def prepare_run(target, data, cfg: "TrainConfig", *, work_dir, log_path, resume: bool, val_data=None) -> RunSetup:
     """Seed, validation split, data fingerprint, and the checkpoint state to resume (checked
-    to come from the same data)."""
+    to come from the same data). `val_data` (a `DistillData`, e.g. distilled from held-out
+    prompts) replaces the `val_fraction` split: then every sequence of `data` trains."""
     t_start = time.perf_counter()
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -237,7 +255,10 @@ def prepare_run(target, data, cfg: "TrainConfig", *, work_dir, log_path, resume:
     torch.manual_seed(cfg.seed)
     if len(data) < 2:
         raise ValueError(f"{len(data)} training sequences; need at least 2")
-    train_idx, val_idx = split_validation(len(data), cfg.val_fraction, cfg.seed)
+    if val_data is not None:
+        train_idx, val_idx = list(range(len(data))), []
+    else:
+        train_idx, val_idx = split_validation(len(data), cfg.val_fraction, cfg.seed)
     fingerprint = _fingerprint(data)
     ckpt = work / "checkpoint"
     state = None
@@ -251,8 +272,95 @@ def prepare_run(target, data, cfg: "TrainConfig", *, work_dir, log_path, resume:
     return RunSetup(
         t_start=t_start, work=work, log_path=Path(log_path) if log_path is not None else None, device=device,
         use_amp=cfg.amp and device.type == "cuda", train_data=data.subset(train_idx),
-        val_data=data.subset(val_idx) if val_idx else None, fingerprint=fingerprint, checkpoint=ckpt, state=state,
+        val_data=val_data if val_data is not None else data.subset(val_idx) if val_idx else None, fingerprint=fingerprint, checkpoint=ckpt, state=state,
     )
+
+
+def category_of_kind(kind: str) -> str:
+    """The evaluation category (`categories.category_of`) of a training sequence's prompt kind,
+    so validation during training and the evaluation table group sequences the same way."""
+    from .categories import category_of
+    from .prompts import Prompt
+
+    return category_of(Prompt(kind, "", "", False))
+
+
+def _ordered(categories) -> list[str]:
+    """The categories given, `categories.CATEGORIES` first in their order, then others sorted."""
+    from .categories import CATEGORIES
+
+    present = set(categories)
+    return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
+
+
+def validation_batches(val_data, cfg: TrainConfig) -> dict[str, list[list[int]]]:
+    """Sequence indices of the validation batches, per category: a batch holds one category's
+    sequences (so its numbers are that category's), at most `cfg.val_batches` per category.
+    With one category this is the batching of the whole validation set."""
+    groups: dict[str, list[int]] = {}
+    for i, kind in enumerate(val_data.kinds):
+        groups.setdefault(category_of_kind(kind), []).append(i)
+    out = {}
+    for cat in _ordered(groups):
+        idx = groups[cat]
+        lengths = val_data.lengths[idx].tolist()
+        batches = epoch_batches(lengths, cfg.batch_tokens, seed=cfg.seed, epoch=0, max_len=cfg.max_len)
+        out[cat] = [[idx[j] for j in b] for b in batches[: cfg.val_batches]]
+    return {c: b for c, b in out.items() if b}
+
+
+@dataclass
+class ValSums:
+    """One category's validation sums: loss summed over its batches; correct / count: [S] top-1
+    hits and weighted tokens per TTT step."""
+
+    loss: float
+    batches: int
+    correct: list[float]
+    count: list[float]
+
+    @property
+    def step_acc(self) -> list[float]:
+        return [c / max(n, 1.0) for c, n in zip(self.correct, self.count)]  # as correct / count.clamp_min(1)
+
+
+def summarize_validation(sums: dict[str, ValSums], step: int) -> dict:
+    """The validation log record: overall loss / per-step accuracy / est. tau (as before
+    categories existed), the same per category, and their means over the categories
+    (`mean_est_tau` is what early stopping watches)."""
+    if not sums:
+        raise ValueError("summarize_validation needs at least one category")
+    n = sum(v.batches for v in sums.values())
+    S = len(next(iter(sums.values())).correct)
+    total = ValSums(sum(v.loss for v in sums.values()), n, [sum(v.correct[k] for v in sums.values()) for k in range(S)],
+                    [sum(v.count[k] for v in sums.values()) for k in range(S)])
+    cats = {c: {"loss": v.loss / v.batches, "step_acc": v.step_acc, "est_tau": estimated_accept_length(v.step_acc),
+                "batches": v.batches} for c, v in sums.items()}
+    return {
+        "kind": "val", "step": step, "loss": total.loss / n, "step_acc": total.step_acc,
+        "est_tau": estimated_accept_length(total.step_acc), "categories": cats,
+        "mean_loss": sum(c["loss"] for c in cats.values()) / len(cats),
+        "mean_est_tau": sum(c["est_tau"] for c in cats.values()) / len(cats),
+    }
+
+
+@dataclass
+class EarlyStop:
+    """Patience on a value to maximise (the mean validation est. tau over the categories): `update`
+    says stop after `patience` evaluations in a row that do not beat the best by more than
+    `min_delta`. patience None never stops (the best is still tracked, for the record)."""
+
+    patience: int | None
+    min_delta: float = 0.0
+    best: float | None = None
+    bad: int = 0
+
+    def update(self, value: float) -> bool:
+        if self.best is None or value > self.best + self.min_delta:
+            self.best, self.bad = value, 0
+            return False
+        self.bad += 1
+        return self.patience is not None and self.bad >= self.patience
 
 
 def _log(path: Path | None, record: dict) -> None:
@@ -271,6 +379,7 @@ def train_eagle3(
     resume: bool = True,
     progress: bool = True,
     stop_after: int | None = None,
+    val_data=None,
 ) -> TrainResult:
     """Train an EAGLE-3 head for `target` on `data` (`DistillData`).
 
@@ -281,10 +390,12 @@ def train_eagle3(
         resume: continue from ``work_dir/checkpoint`` when it exists.
         stop_after: end this call after that many optimizer steps (checkpointed; the next call
             resumes and the result is the same as one uninterrupted run).
+        val_data: validation `DistillData` (its kinds give the categories); None = a
+            `cfg.val_fraction` split of `data`.
     Returns:
         `TrainResult` with the trained head (float32, on the target's device).
     """
-    run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume)
+    run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume, val_data=val_data)
     counts = token_counts(run_setup.train_data, target.info.vocab_size, prompt_weight=cfg.prompt_weight)
     if run_setup.state is not None:
         head = load_eagle3(run_setup.checkpoint, device="cpu", dtype=torch.float32)
@@ -352,28 +463,33 @@ def run_training_loop(
         total, elapsed_before = state["total_steps"], state["elapsed"]
         torch.set_rng_state(state["rng"])
     batches = batches_of(epoch)
-    val_list = []
-    if val_data is not None and cfg.val_batches:
-        val_list = epoch_batches(val_data.lengths.tolist(), cfg.batch_tokens, seed=cfg.seed, epoch=0, max_len=cfg.max_len)
-        val_list = val_list[: cfg.val_batches]
+    val_groups = validation_batches(val_data, cfg) if val_data is not None and cfg.val_batches else {}
+    S = cfg.ttt_steps
+    stopper = EarlyStop(cfg.early_stop_patience, cfg.early_stop_min_delta)
+    plateaued, tokens_seen = False, 0
+    if state is not None:
+        stopper.best, stopper.bad = state.get("es_best"), state.get("es_bad", 0)
+        plateaued, tokens_seen = state.get("plateaued", False), state.get("tokens", 0)
+
     def validate() -> dict | None:
-        if not val_list:
+        """Loss and per-step accuracy of every category's validation batches (no grad)."""
+        if not val_groups:
             return None
         head.eval()
-        S = cfg.ttt_steps
-        loss = torch.zeros((), device=device)
-        correct, count = torch.zeros(S, device=device), torch.zeros(S, device=device)
+        sums = {}
         with torch.no_grad():
-            for idx in val_list:
-                batch = collate(val_data, idx, max_len=cfg.max_len, prompt_weight=cfg.prompt_weight).to(device)
-                res = run(batch, train=False)
-                loss += res.loss.detach()
-                correct += res.correct
-                count += res.count
+            for cat, cat_batches in val_groups.items():
+                loss = torch.zeros((), device=device)
+                correct, count = torch.zeros(S, device=device), torch.zeros(S, device=device)  # [S]
+                for idx in cat_batches:
+                    batch = collate(val_data, idx, max_len=cfg.max_len, prompt_weight=cfg.prompt_weight).to(device)
+                    res = run(batch, train=False)
+                    loss += res.loss.detach()
+                    correct += res.correct
+                    count += res.count
+                sums[cat] = ValSums(float(loss), len(cat_batches), correct.tolist(), count.tolist())
         head.train()
-        acc = (correct / count.clamp_min(1)).tolist()
-        return {"kind": "val", "step": step, "loss": float(loss) / len(val_list), "step_acc": acc,
-                "est_tau": estimated_accept_length(acc)}
+        return summarize_validation(sums, step)
 
     deadline = None if cfg.max_minutes is None else t_start + 60 * cfg.max_minutes
     bar = None
@@ -381,7 +497,6 @@ def run_training_loop(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, initial=step, desc="train", unit="step", smoothing=0.05)
-    S = cfg.ttt_steps
     acc_loss = torch.zeros((), device=device)
     acc_step_loss, acc_correct, acc_count = (torch.zeros(S, device=device) for _ in range(3))
     acc_tokens, acc_n, t_log = 0, 0, time.perf_counter()
@@ -394,10 +509,11 @@ def run_training_loop(
             "optimizer": opt.state_dict(), "step": step, "epoch": epoch, "pos": pos, "total_steps": total,
             "elapsed": elapsed_before + time.perf_counter() - t_start, "rng": torch.get_rng_state(),
             "data_fingerprint": fingerprint, "config": dataclasses.asdict(cfg),
+            "es_best": stopper.best, "es_bad": stopper.bad, "plateaued": plateaued, "tokens": tokens_seen,
         })
 
     steps_this_call = 0
-    while step < total:
+    while step < total and not plateaued:
         if stop_after is not None and steps_this_call >= stop_after:
             stopped_early = True
             break
@@ -439,6 +555,7 @@ def run_training_loop(
         acc_correct += res.correct
         acc_count += res.count
         acc_tokens += batch.num_tokens
+        tokens_seen += batch.num_tokens
         acc_n += 1
         if bar is not None:
             bar.update(1)
@@ -462,6 +579,13 @@ def run_training_loop(
             if val is not None:
                 last_val = val
                 _log(log_path, val)
+                plateaued = stopper.update(val["mean_est_tau"])
+                if plateaued:
+                    print(f"[train] early stop at step {step}: mean validation est. tau over {len(val['categories'])} "
+                          f"categories did not beat {stopper.best:.3f} for {stopper.bad} evaluations")
+                    _log(log_path, {"kind": "early_stop", "step": step, "best_mean_est_tau": stopper.best,
+                                    "patience": cfg.early_stop_patience})
+                    break
         if time.perf_counter() - last_ckpt > 60 * cfg.ckpt_minutes:
             save()
             last_ckpt = time.perf_counter()
@@ -469,4 +593,5 @@ def run_training_loop(
         bar.close()
     save()
     head.eval()
-    return TrainResult(head, step, total, elapsed_before + time.perf_counter() - t_start, cover, last, last_val, stopped_early)
+    return TrainResult(head, step, total, elapsed_before + time.perf_counter() - t_start, cover, last, last_val, stopped_early,
+                       plateaued=plateaued, tokens=tokens_seen, best_watched=stopper.best)
