@@ -162,7 +162,7 @@ def test_training_md_holds_estimate_vs_measured_after_a_pipeline_run_with_eval(t
         "--num-prompts", "18", "--roots", "stdlib", "--data-mix", "diverse", "--mix-shares", "source=0.4,instruct=0.3,math=0.3",
         "--max-new-tokens", "6", "--max-prompt-tokens", "120", "--gen-batch-size", "8", "--draft-vocab-size", "96",
         "--steps", "2", "--batch-tokens", "512", "--ttt-steps", "2", "--log-every", "1", "--val-every", "2",
-        "--early-stop-patience", "3", "--val-fraction", "0.3",
+        "--early-stop-patience", "3", "--val-fraction", "0.3", "--val-prompts", "12",  # a small held-out validation set
         "--eval", "--eval-source", "categories", "--eval-prompts", "1", "--eval-setups", "linear",
         "--eval-max-new-tokens", "4", "--eval-batch-size", "8",
     ]
@@ -177,3 +177,60 @@ def test_training_md_holds_estimate_vs_measured_after_a_pipeline_run_with_eval(t
     for cat, v in val["categories"].items():
         assert f"| {cat} | {v['est_tau']:.2f} |" in rows[cat]
     assert "general-chat" in rows and "math" in rows and "all" in rows
+
+
+# --------------------------------------------------------------------------- held-out validation data
+def _tiny_pipeline_argv(folder, tmp_path, *extra):
+    return [
+        "mtp", "--target", str(folder), "--out", str(tmp_path / "head"), "--work", str(tmp_path / "work"),
+        "--num-prompts", "18", "--roots", "stdlib", "--data-mix", "diverse", "--mix-shares", "source=0.4,instruct=0.3,math=0.3",
+        "--max-new-tokens", "6", "--max-prompt-tokens", "120", "--gen-batch-size", "8", "--draft-vocab-size", "96",
+        "--steps", "2", "--batch-tokens", "512", "--ttt-steps", "2", "--log-every", "1", "--val-every", "2", *extra,
+    ]
+
+
+def test_diverse_pipeline_validates_on_the_heldout_split_of_the_mix(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from _chat_tokenizer import save_chat_tokenizer
+    from _tiny_models import make_checkpoint
+
+    from specdec.train import main
+    from specdec.train.categories import category_of, frozen_category_prompts
+    from specdec.train.mix import normalize, sample_mix, split_of
+    from specdec.train.pipeline import _mix_config
+    from specdec.train.prompts import frozen_heldout_prompts, is_heldout, read_prompts
+
+    folder = tmp_path / "target"
+    make_checkpoint("llama", folder, num_hidden_layers=2, vocab_size=VOCAB)
+    save_chat_tokenizer(folder)
+    argv = _tiny_pipeline_argv(folder, tmp_path, "--val-prompts", "12")
+    assert main(argv) == 0
+    work, out = tmp_path / "work", tmp_path / "head"
+    val_prompts = read_prompts(work / "val_prompts.jsonl")
+    assert 0 < len(val_prompts) <= 12 and (work / "val_data.pt").is_file()
+
+    def held(source):
+        return split_of(source) == "heldout" if source.startswith("mix:") else is_heldout(source)
+
+    assert all(held(p.source) for p in val_prompts)  # unseen topics / templates / source files only
+    config = _mix_config(SimpleNamespace(mix_shares="source=0.4,instruct=0.3,math=0.3", roots="stdlib"))
+    train_sources = {p.source for p in sample_mix(18, 0, config=config)}  # the run's training prompts (no generate needed)
+    assert not {p.source for p in val_prompts} & train_sources
+    frozen = {normalize(p.text) for p in frozen_category_prompts() + frozen_heldout_prompts()}
+    assert not {normalize(p.text) for p in val_prompts} & frozen  # never the frozen evaluation set
+    val = [r for r in read_log(out / "train_log.jsonl") if r["kind"] == "val"]
+    assert val and all(set(r["categories"]) <= {category_of(p) for p in val_prompts} for r in val)
+    assert {"general-chat", "math"} <= set(val[-1]["categories"])
+    record = (out / "TRAINING.md").read_text()
+    assert "- validation set:" in record and "HELD-OUT split" in record
+    capsys.readouterr()
+    assert main(argv) == 0  # a second run reuses the cached validation data
+    assert f"reusing {work / 'val_data.pt'}" in capsys.readouterr().out
+
+
+def test_negative_val_prompts_is_a_clear_error(tmp_path):
+    from specdec.train import main
+
+    with pytest.raises(SystemExit, match=r"--val-prompts -1 is negative; allowed: an int >= 0"):
+        main(_tiny_pipeline_argv(tmp_path / "none", tmp_path, "--val-prompts", "-1"))

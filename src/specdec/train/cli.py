@@ -85,6 +85,10 @@ def _train_config(args):
 def _cmd_train(args, argv) -> int:
     from .pipeline import RECIPES, run_pipeline
 
+    if args.val_prompts < 0:
+        raise SystemExit(f"--val-prompts {args.val_prompts} is negative; allowed: an int >= 0 (0: validate on a "
+                         f"--val-fraction share of the training data)")
+
     return run_pipeline(RECIPES[args.command](), args, argv, load_target=_load_target, device=_device(args.device),
                         train_config=_train_config, eval_prompts=_prompts_for_eval)
 
@@ -182,6 +186,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mix-shares", default=None,
                    help="diverse mix shares (those named are the whole mix; default "
                         "source=0.4,instruct=0.2,math=0.1,header=0.1,self_instruct=0.1,multi_turn=0.1)")
+    g.add_argument("--val-prompts", type=int, default=256,
+                   help="with --data-mix diverse: validate (per category, early stopping) on this many prompts of the mix's "
+                        "HELD-OUT split (unseen topics/templates, no frozen evaluation prompt), self-distilled like the "
+                        "training data and cached as <work>/val_data.pt; 0: a --val-fraction share of the training data")
     g.add_argument("--max-new-tokens", type=int, default=192)
     g.add_argument("--max-prompt-tokens", type=int, default=384)
     g.add_argument("--gen-batch-size", type=int, default=256)

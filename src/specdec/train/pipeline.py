@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "estimate_vs_measured", "load_or_make_data", "run_pipeline",
-           "validation_table"]
+__all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "estimate_vs_measured", "heldout_val_prompts", "load_or_make_data",
+           "load_or_make_val_data", "run_pipeline", "validation_table"]
+
+VAL_SEED_OFFSET = 1009  # the held-out validation prompts' draw: not the seed of any frozen set's draw
 
 OUT_FILES = (
     "config.json", "model.safetensors", "draft_vocab.safetensors", "training_curves.png", "train_log.jsonl",
@@ -140,13 +142,74 @@ def _mix_config(args):
     return MixConfig(**shares, roots=tuple(args.roots.split(",")), exclude_texts=frozenset(normalize(p.text) for p in frozen))
 
 
-def _diverse_prompts(args, target):
+def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"):
     from .expand import target_generate
     from .mix import sample_mix
 
     generate = target_generate(target, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
                                seed=args.seed, cuda_graph=args.gen_cuda_graph != "off")
-    return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate)
+    if split == "train":
+        return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate)
+    config = _mix_config(args)
+    prompts = sample_mix(n, args.seed + VAL_SEED_OFFSET, split=split, config=config, generate=generate)
+    from .mix import normalize
+
+    # sample_mix tops up with source-file prompts without looking at exclude_texts; the frozen
+    # evaluation sets are cut from the held-out split, so filter them out here
+    return [p for p in prompts if normalize(p.text) not in config.exclude_texts]
+
+
+def heldout_val_prompts(args, target) -> list:
+    """The ``--val-prompts`` prompts of the diverse mix's HELD-OUT split (unseen topics, templates,
+    follow-ups and source files; never a prompt of the frozen evaluation sets), same shares."""
+    return _diverse_prompts(args, target, n=args.val_prompts, split="heldout")
+
+
+def _data_settings(args) -> dict:
+    settings = dict(
+        target=str(args.target), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed, roots=args.roots,
+    )
+    if getattr(args, "data_mix", "source") == "diverse":  # only then, so caches made before the flag existed stay valid
+        settings.update(data_mix="diverse", mix_shares=getattr(args, "mix_shares", None))
+    return settings
+
+
+def load_or_make_val_data(args, target, work: Path, phases: Phases):
+    """The held-out validation data (``--data-mix diverse`` with ``--val-prompts N > 0``):
+    <work>/val_data.pt when made with the same settings, else `heldout_val_prompts` (also written
+    to <work>/val_prompts.jsonl) -> the target's responses with the training data's settings.
+    None without the diverse mix or with ``--val-prompts 0`` (validation on a share of the training data)."""
+    n = getattr(args, "val_prompts", 0) or 0
+    if getattr(args, "data_mix", "source") != "diverse" or n == 0:
+        return None
+    from .conversation import build_mix_distill_data
+    from .distill import DistillData
+    from .prompts import write_prompts
+
+    settings = dict(_data_settings(args), val_prompts=n, val_split="heldout", val_seed_offset=VAL_SEED_OFFSET)
+    path = work / "val_data.pt"
+    if path.is_file() and not args.regenerate:
+        data = DistillData.load(path)
+        if data.meta.get("settings") == settings:
+            print(f"[specdec.train] reusing {path}: {len(data)} held-out validation sequences")
+            return data
+        print(f"[specdec.train] {path} was made with other settings; regenerating")
+    prompts = phases.run("validation prompts (held-out split of the diverse mix)", heldout_val_prompts, args, target)
+    write_prompts(prompts, work / "val_prompts.jsonl")
+    data = phases.run(
+        "generate validation", build_mix_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
+        batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
+        seed=args.seed, cuda_graph=args.gen_cuda_graph != "off",
+    )
+    if len(data) == 0:
+        raise SystemExit(f"--val-prompts {n}: none of the {len(prompts)} held-out prompts gave a validation sequence "
+                         f"(too long for --max-prompt-tokens {args.max_prompt_tokens}?); pass --val-prompts 0")
+    data.meta["settings"] = settings
+    print(f"[specdec.train] validation data (held-out split): {len(data)} sequences, "
+          f"{data.meta['response_tokens']} response tokens")
+    data.save(path)
+    return data
 
 
 def load_or_make_data(args, target, work: Path, phases: Phases):
@@ -154,13 +217,8 @@ def load_or_make_data(args, target, work: Path, phases: Phases):
     from .distill import DistillData, build_distill_data
     from .prompts import sample_prompts
 
-    settings = dict(
-        target=str(args.target), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-        max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed, roots=args.roots,
-    )
+    settings = _data_settings(args)
     diverse = getattr(args, "data_mix", "source") == "diverse"
-    if diverse:  # only then, so caches made before the flag existed stay valid
-        settings.update(data_mix="diverse", mix_shares=getattr(args, "mix_shares", None))
     path = work / "data.pt"
     if path.is_file() and not args.regenerate:
         data = DistillData.load(path)
@@ -234,8 +292,23 @@ def estimate_vs_measured(last_val: dict | None, eval_rows: list[dict] | None) ->
     return lines
 
 
+def _validation_line(data, val_data, cfg) -> str:
+    """The record's line naming the validation set the log and early stopping used."""
+    if val_data is None:
+        return (f"- validation set: a seeded {cfg.val_fraction:.1%} share of the training data (training topics and "
+                f"templates; the rest trains)")
+    from .trainer import category_of_kind
+
+    cats = [category_of_kind(k) for k in val_data.kinds]
+    return (f"- validation set: {len(val_data)} sequences self-distilled the same way from "
+            f"{val_data.meta.get('prompts_asked')} prompts of the diverse mix's HELD-OUT split (unseen topics, templates, "
+            f"follow-ups and source files; no prompt of the frozen evaluation sets; `--val-prompts`), "
+            f"{val_data.meta.get('response_tokens')} response tokens; categories: "
+            + ", ".join(f"{c} {cats.count(c)}" for c in sorted(set(cats))) + "; every training sequence trains")
+
+
 def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, phases: Phases, eval_rows,
-                  extra_lines: list[str]) -> None:
+                  extra_lines: list[str], val_data=None) -> None:
     from .evaluate import format_table
 
     head = result.head
@@ -273,6 +346,7 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         f"- responses: the target's own greedy answers (temperature {data.meta.get('temperature')}), at most "
         f"{data.meta.get('max_new_tokens')} new tokens; {data.meta.get('response_tokens')} response tokens, "
         f"{data.meta.get('total_tokens')} tokens with prompts; generated in {data.meta.get('seconds')} s",
+        _validation_line(data, val_data, cfg),
         "",
         "## Head",
         "",
@@ -306,7 +380,9 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         if compare:
             lines += ["## Estimated tau (training) vs measured tau (evaluation)", "",
                       "The estimate is 1 + sum_k prod_{j<=k} acc_j over 5 drafts from the validation's per-step accuracy "
-                      "(validation sequences come from the training distribution; the evaluation prompts are held out).",
+                      + ("(validation sequences come from the held-out split of the diverse mix, not the frozen evaluation "
+                         "prompts)." if val_data is not None else
+                         "(validation sequences come from the training distribution; the evaluation prompts are held out)."),
                       "", *compare, ""]
     (out / "TRAINING.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -330,11 +406,17 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
         torch.backends.cuda.matmul.allow_tf32 = False  # keep float32 generation exact; training uses bf16 autocast
     target = phases.run("load target", load_target, args, device)
     data = load_or_make_data(args, target, work, phases)
+    val_data = load_or_make_val_data(args, target, work, phases)
     cfg = train_config(args)
+    if val_data is not None:  # every training sequence trains (as the trainers do with val_data=), and the record says so
+        from dataclasses import replace
+
+        cfg = replace(cfg, val_fraction=0.0)
     log_path = out / "train_log.jsonl"
     if not args.resume or not (work / "checkpoint").exists():
         log_path.unlink(missing_ok=True)
-    result = phases.run("train", recipe.train, target, data, cfg, work_dir=work, log_path=log_path, resume=args.resume)
+    result = phases.run("train", recipe.train, target, data, cfg, work_dir=work, log_path=log_path, resume=args.resume,
+                        val_data=val_data)
     recipe.save(result.head, out, dtype=torch.bfloat16)
     extra_lines = recipe.extras(out, target, data, cfg) if recipe.extras is not None else []
     size = (out / "model.safetensors").stat().st_size
@@ -345,7 +427,7 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
         phases.run("plot", plot_training_log, log_path, out / "training_curves.png", title=f"{recipe.title} for {args.target}")
     except ImportError as e:
         print(f"[specdec.train] no PNG: {e}; later: python -m specdec.train plot --log {log_path}")
-    _write_record(recipe, out, args, argv, data, cfg, result, phases, None, extra_lines)  # complete before the (long) evaluation
+    _write_record(recipe, out, args, argv, data, cfg, result, phases, None, extra_lines, val_data)  # complete before the (long) evaluation
     if args.eval:
         prompts = eval_prompts(args)
         setups = tuple(args.eval_setups.split(","))
@@ -353,7 +435,7 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
                           max_new_tokens=args.eval_max_new_tokens, drafter=recipe.drafter)
         print(format_table(rows, title=f"held-out prompts ({args.eval_source}), greedy, {args.eval_max_new_tokens} new tokens"))
         (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
-        _write_record(recipe, out, args, argv, data, cfg, result, phases, rows, extra_lines)
+        _write_record(recipe, out, args, argv, data, cfg, result, phases, rows, extra_lines, val_data)
     total = time.perf_counter() - phases.start
     print(f"[specdec.train] done in {total:.1f} s; outputs in {out}: "
           + ", ".join(f for f in OUT_FILES if (out / f).exists()))
