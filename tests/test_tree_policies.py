@@ -303,22 +303,14 @@ def assert_lossless(results, target_only, what):
     return sum(sum(r.stats.accepted_per_step) for r in results)
 
 
-ACCEPTED = {}  # (drafter, tree) -> draft tokens accepted, to show the comparisons are not vacuous
-
-
 @pytest.mark.parametrize("drafter, tree", CASES)
 def test_greedy_output_equals_target_only_under_each_policy(target, target_only, drafter, tree):
     config = dict(TREES[tree])
     dec = decoder(target, drafter, **config)
     assert dec.strategies.tree_policy.num_nodes == config["max_total_draft_tokens"]
-    ACCEPTED[drafter, tree] = assert_lossless(generate(dec), target_only, f"drafter={drafter} {tree}")
-
-
-def test_the_end_to_end_comparisons_accepted_drafts():
-    if len(ACCEPTED) < len(CASES):
-        pytest.skip("runs after the parametrized end-to-end tests")
-    assert sum(ACCEPTED.values()) > 0, ACCEPTED
-    assert all(ACCEPTED["ngram", tree] > 0 for tree in TREES if ("ngram", tree) in ACCEPTED), ACCEPTED
+    accepted = assert_lossless(generate(dec), target_only, f"drafter={drafter} {tree}")
+    if drafter == "ngram":  # its drafts are accepted on the tiny model's output: the comparison is not vacuous
+        assert accepted > 0, f"drafter=ngram {tree}: no draft accepted"
 
 
 # ----------------------------------------------------------------------------- third-party policies
