@@ -5,6 +5,8 @@ Profiles (pick with HYPOTHESIS_PROFILE): `ci` (default; derandomized, modest, no
 """
 
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -46,3 +48,20 @@ _import_all_kernels()
 def device() -> torch.device:
     """CUDA when present, else CPU (Triton kernels then run interpreted)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "third_party_plugin"
+
+
+@pytest.fixture
+def installed_example_plugin(tmp_path, monkeypatch):
+    """The example package importable, with a dist-info declaring its entry point (as pip would)."""
+    dist = tmp_path / "specdec_top2-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specdec-top2\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[specdec]\ntop2 = specdec_top2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
+    sys.modules.pop("specdec_top2", None)
+    yield
+    sys.modules.pop("specdec_top2", None)

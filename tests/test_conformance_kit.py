@@ -142,20 +142,6 @@ def test_a_policy_with_non_topological_parents_fails():
 
 
 # ----------------------------------------------------------------------------- the example plugin
-@pytest.fixture
-def installed_example_plugin(tmp_path, monkeypatch):
-    """The example package importable, with a dist-info declaring its entry point (as pip would)."""
-    dist = tmp_path / "specdec_top2-0.1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specdec-top2\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[specdec]\ntop2 = specdec_top2\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
-    sys.modules.pop("specdec_top2", None)
-    yield
-    sys.modules.pop("specdec_top2", None)
-
-
 def test_the_example_plugins_tree_policy_passes_through_its_entry_point(installed_example_plugin):
     results, table = run(["binary"], pm=get_plugin_manager(), config=BINARY, scale=0.5)
     assert {r.subject for r in results} == {"binary"} and len(results) >= 6, table

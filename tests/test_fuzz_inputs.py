@@ -139,15 +139,19 @@ BAD_CONFIG_VALUES = dict(  # each out of range, of the wrong type or incoherent 
 )
 
 
+def _spoil(draw, kw: dict, cls, bad_values: dict) -> dict:
+    """`kw` with 0 to 2 fields of the dataclass `cls` spoiled: a known bad value, or any junk."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name in draw(st.lists(st.sampled_from(names), max_size=2, unique=True)):
+        bad = bad_values.get(name)
+        kw[name] = draw(JUNK if bad is None or draw(st.booleans()) else bad)
+    return kw
+
+
 @st.composite
 def config_kwargs(draw, heads):
     """Valid kwargs with 0 to 2 fields spoiled (by a bad value or any junk)."""
-    kw = draw(valid_config_kwargs(heads))
-    names = [f.name for f in dataclasses.fields(SpecConfig)]
-    for name in draw(st.lists(st.sampled_from(names), max_size=2, unique=True)):
-        bad = BAD_CONFIG_VALUES.get(name)
-        kw[name] = draw(JUNK if bad is None or draw(st.booleans()) else bad)
-    return kw
+    return _spoil(draw, draw(valid_config_kwargs(heads)), SpecConfig, BAD_CONFIG_VALUES)
 
 
 def test_random_spec_configs_are_config_errors_or_decoders_whose_greedy_output_is_the_targets(world):
@@ -199,11 +203,7 @@ BAD_SAMPLING = dict(
 def sampling_kwargs(draw):
     """Valid kwargs (for the fields this file knows) with 0 to 2 fields spoiled."""
     kw = {name: draw(values) for name, values in VALID_SAMPLING.items() if name == "max_new_tokens" or draw(st.booleans())}
-    names = [f.name for f in dataclasses.fields(SamplingParams)]
-    for name in draw(st.lists(st.sampled_from(names), max_size=2, unique=True)):
-        bad = BAD_SAMPLING.get(name)
-        kw[name] = draw(JUNK if bad is None or draw(st.booleans()) else bad)
-    return kw
+    return _spoil(draw, kw, SamplingParams, BAD_SAMPLING)
 
 
 def test_random_sampling_params_are_config_errors_or_valid_samples(world):

@@ -1,8 +1,6 @@
 """The plugin system: built-ins, hook documentation, unknown names, third-party entry points."""
 
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +10,6 @@ from specdec import hookspecs
 from specdec.registry import UnknownStrategyError, get_plugin_manager, resolve, strategy_names
 from specdec.strategies import TargetInfo
 
-EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "third_party_plugin"
 TINY = TargetInfo(num_layers=8, hidden_size=16, vocab_size=32)
 
 
@@ -48,19 +45,6 @@ def test_unknown_strategy_name_lists_the_available_names(kind):
     config = specdec.SpecConfig(**{kind: "no-such-thing"})
     with pytest.raises(UnknownStrategyError, match=rf"{kind}='no-such-thing' is not provided by any plugin; available: \["):
         resolve(config, TINY, get_plugin_manager(load_entrypoints=False))
-
-
-@pytest.fixture
-def installed_example_plugin(tmp_path, monkeypatch):
-    """The example package made importable with a dist-info that declares its entry point."""
-    dist = tmp_path / "specdec_top2-0.1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specdec-top2\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[specdec]\ntop2 = specdec_top2\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
-    yield
-    sys.modules.pop("specdec_top2", None)
 
 
 def test_third_party_plugin_is_discovered_through_its_entry_point(installed_example_plugin):

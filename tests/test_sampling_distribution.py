@@ -31,30 +31,11 @@ from hypothesis import strategies as st
 from specdec.ops import build_tree, sample_from_probs, verify_speculative, verify_target_only
 from specdec.types import TreeMeta
 from specdec.testing.oracles import DELTA, EPS_NUM, assert_follows  # the kit's thresholds (tv_bound)
+from specdec.testing.strategies import random_distributions, random_tree_parents
 from tree_cases import DEVICE, ON_GPU, children_lists, ci_examples
 
 TRIALS = 2**20 if ON_GPU else 2**16
 IMPL = "auto" if ON_GPU else "ref"
-
-
-def _dist(g: torch.Generator, shape, sparsity: float) -> torch.Tensor:
-    """float32 distributions over the last axis, some entries exactly 0 (the max kept)."""
-    p = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).softmax(-1)
-    keep = (torch.rand(shape, generator=g, dtype=torch.float64) >= sparsity) | (p == p.amax(-1, keepdim=True))
-    p = p * keep
-    return (p / p.sum(-1, keepdim=True)).float()
-
-
-def _random_parents(rng: random.Random, n: int) -> list[int]:
-    shape = rng.choice(["random", "star", "chain", "layered"])
-    if shape == "star":
-        return [-1] + [0] * (n - 1)
-    if shape == "chain":
-        return [-1] + list(range(n - 1))
-    if shape == "layered":  # layers of width k, each node under a random node of the layer above
-        k = rng.randint(2, 4)
-        return [-1] + [0 if i <= k else 1 + ((i - 1) // k - 1) * k + rng.randrange(k) for i in range(1, n)]
-    return [-1] + [rng.randrange(i) for i in range(1, n)]
 
 
 def _law(p: torch.Tensor) -> torch.Tensor:
@@ -77,14 +58,14 @@ def _tree(parents: list[int], n: int) -> TreeMeta:
 @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(8, 16), slots=st.integers(2, 12), dups=st.booleans())
 def test_first_token_of_target_only_follows_the_target(seed, vocab, slots, dups):
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
-    parents = _random_parents(rng, slots)
+    parents = random_tree_parents(rng, slots)
     note(f"parents={parents} V={vocab} dups={dups}")
     tokens = [rng.randrange(vocab)] * slots
     for kids in children_lists(parents, slots):  # fixed drafts: distinct siblings unless `dups`
         pool = [rng.randrange(vocab) for _ in kids] if dups else rng.sample(range(vocab), len(kids))
         for c, t in zip(kids, pool):
             tokens[c] = t
-    target = _dist(g, (slots, vocab), sparsity=0.25)
+    target = random_distributions(g, (slots, vocab), sparsity=0.25)
     for u, kids in enumerate(children_lists(parents, slots)):  # children often carry much mass
         target[u, [tokens[c] for c in kids]] += 0.3 * rng.random()
     target = target / target.sum(-1, keepdim=True)
@@ -113,11 +94,11 @@ def _sample_children(seed: int, parents: list[int], draft: torch.Tensor, n: int)
 @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(8, 16), slots=st.integers(2, 12))
 def test_first_token_of_speculative_sampling_follows_the_target(seed, vocab, slots):
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
-    parents = _random_parents(rng, slots)
+    parents = random_tree_parents(rng, slots)
     note(f"parents={parents} V={vocab}")
-    target = _dist(g, (slots, vocab), sparsity=0.25)
+    target = random_distributions(g, (slots, vocab), sparsity=0.25)
     mix = rng.random()  # the draft resembles the target to a random degree; q(x) = 0 where p(x) > 0 happens
-    draft = mix * target + (1 - mix) * _dist(g, (slots, vocab), sparsity=0.5)
+    draft = mix * target + (1 - mix) * random_distributions(g, (slots, vocab), sparsity=0.5)
     tokens = _sample_children(seed, parents, draft, TRIALS)  # siblings i.i.d., duplicates included
     acc = verify_speculative(
         tokens,
@@ -153,11 +134,11 @@ def test_first_two_tokens_along_a_chain_follow_the_target_jointly(verifier, seed
     """Chain root -> x1 -> x2; the target at x1 is the conditional row cond[x1]."""
     n = 2 * TRIALS
     g = torch.Generator().manual_seed(seed)
-    p0 = _dist(g, (vocab,), 0.2)
-    cond = _dist(g, (vocab, vocab), 0.2)  # target at node 1, given its token
-    tail = _dist(g, (vocab, vocab), 0.2)  # target at node 2, given its token (third token)
-    q0 = 0.5 * p0 + 0.5 * _dist(g, (vocab,), 0.3)
-    q1 = 0.5 * cond + 0.5 * _dist(g, (vocab, vocab), 0.3)
+    p0 = random_distributions(g, (vocab,), 0.2)
+    cond = random_distributions(g, (vocab, vocab), 0.2)  # target at node 1, given its token
+    tail = random_distributions(g, (vocab, vocab), 0.2)  # target at node 2, given its token (third token)
+    q0 = 0.5 * p0 + 0.5 * random_distributions(g, (vocab,), 0.3)
+    q1 = 0.5 * cond + 0.5 * random_distributions(g, (vocab, vocab), 0.3)
     p0, cond, tail, q0, q1 = (t.to(DEVICE) for t in (p0, cond, tail, q0, q1))
     if verifier == "target-only":  # fixed drafts: the target's favourite tokens
         x1 = torch.full((n,), int(p0.argmax()), device=DEVICE)

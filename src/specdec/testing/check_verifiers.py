@@ -23,7 +23,7 @@ from ..ops import build_tree, sample_from_probs, sampling_probs
 from ..types import SamplingTensors, TreeMeta
 from .kit import references_on_cpu, register
 from .oracles import assert_follows, children_lists, depths, naive_greedy_walk
-from .strategies import forests, logits_for, sampling_rows
+from .strategies import forests, logits_for, random_distributions, random_tree_parents, sampling_rows
 
 
 def _lossless(subject) -> bool:
@@ -32,14 +32,6 @@ def _lossless(subject) -> bool:
 
 def _sampling(subject) -> bool:
     return subject.caps.lossless and not subject.caps.greedy_only
-
-
-def _dist(g: torch.Generator, shape, sparsity: float) -> torch.Tensor:
-    """float32 distributions over the last axis, some entries exactly 0 (the max kept)."""
-    p = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).softmax(-1)
-    keep = (torch.rand(shape, generator=g, dtype=torch.float64) >= sparsity) | (p == p.amax(-1, keepdim=True))
-    p = p * keep
-    return (p / p.sum(-1, keepdim=True)).float()
 
 
 def _call(subject, tokens, tree, logits, sampling, uniforms, draft_probs=None):
@@ -71,7 +63,7 @@ def acceptance_is_a_tree_path(subject, ctx):
         kids = [children_lists(forest.parents[b].tolist(), int(forest.num_nodes[b])) for b in range(B)]
         logits = logits_for(tokens, kids, vocab, seed)
         u = torch.rand(B, N, 2, generator=g, dtype=torch.float64)
-        q = _dist(g, (B, N, vocab), 0.3)
+        q = random_distributions(g, (B, N, vocab), 0.3)
         tree = build_tree(forest.parents.to(dev), forest.num_nodes.to(dev), impl="ref")
         acc = _call(subject, tokens.to(dev), tree, logits.to(dev), _on(sampling, dev), u.to(dev), q.to(dev))
         length, nodes, out = (t.cpu().tolist() for t in (acc.accept_length, acc.accept_nodes, acc.accept_tokens))
@@ -132,18 +124,6 @@ class _Greedy:
 _GREEDY = _Greedy()
 
 
-def _random_parents(rng: random.Random, n: int) -> list[int]:
-    shape = rng.choice(["random", "star", "chain", "layered"])
-    if shape == "star":
-        return [-1] + [0] * (n - 1)
-    if shape == "chain":
-        return [-1] + list(range(n - 1))
-    if shape == "layered":  # layers of width k, each node under a random node of the layer above
-        k = rng.randint(2, 4)
-        return [-1] + [0 if i <= k else 1 + ((i - 1) // k - 1) * k + rng.randrange(k) for i in range(1, n)]
-    return [-1] + [rng.randrange(i) for i in range(1, n)]
-
-
 def _replicate(x: torch.Tensor, n: int, device) -> torch.Tensor:
     return x.to(device).expand(n, *x.shape).contiguous()
 
@@ -170,13 +150,13 @@ def first_token_follows_the_target(subject, ctx):
     @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(8, 16), slots=st.integers(2, 12), dups=st.booleans())
     def check(seed, vocab, slots, dups):
         rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
-        parents = _random_parents(rng, slots)
+        parents = random_tree_parents(rng, slots)
         note(f"parents={parents} V={vocab} dups={dups}")
-        target = _dist(g, (slots, vocab), sparsity=0.25)
+        target = random_distributions(g, (slots, vocab), sparsity=0.25)
         draft = None
         if subject.caps.needs_draft_probs:  # children i.i.d. from their parent's draft row, per trial
             mix = rng.random()
-            draft = mix * target + (1 - mix) * _dist(g, (slots, vocab), sparsity=0.5)
+            draft = mix * target + (1 - mix) * random_distributions(g, (slots, vocab), sparsity=0.5)
             gd = torch.Generator(dev).manual_seed(seed + 101)
             tokens = torch.zeros(n, slots, dtype=torch.int64, device=dev)
             for i in range(1, slots):
@@ -210,9 +190,10 @@ def two_tokens_follow_the_target(subject, ctx):
     @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(6, 8))
     def check(seed, vocab):
         g = torch.Generator().manual_seed(seed)
-        p0, cond, tail = _dist(g, (vocab,), 0.2), _dist(g, (vocab, vocab), 0.2), _dist(g, (vocab, vocab), 0.2)
-        q0 = 0.5 * p0 + 0.5 * _dist(g, (vocab,), 0.3)
-        q1 = 0.5 * cond + 0.5 * _dist(g, (vocab, vocab), 0.3)
+        p0 = random_distributions(g, (vocab,), 0.2)
+        cond, tail = random_distributions(g, (vocab, vocab), 0.2), random_distributions(g, (vocab, vocab), 0.2)
+        q0 = 0.5 * p0 + 0.5 * random_distributions(g, (vocab,), 0.3)
+        q1 = 0.5 * cond + 0.5 * random_distributions(g, (vocab, vocab), 0.3)
         p0, cond, tail, q0, q1 = (t.to(dev) for t in (p0, cond, tail, q0, q1))
         if subject.caps.needs_draft_probs:  # sampled drafts
             gd = torch.Generator(dev).manual_seed(seed + 101)

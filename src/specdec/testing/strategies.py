@@ -172,3 +172,25 @@ def choices(draw, max_nodes: int = 12, max_depth: int = 4, max_rank: int = 3) ->
             paths.append(node)
             frontier.append(node)
     return [list(p) for p in paths]
+
+
+def random_distributions(g: torch.Generator, shape, sparsity: float) -> torch.Tensor:
+    """float32 distributions over the last axis, some entries exactly 0 (the max kept)."""
+    p = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.5).softmax(-1)
+    keep = (torch.rand(shape, generator=g, dtype=torch.float64) >= sparsity) | (p == p.amax(-1, keepdim=True))
+    p = p * keep
+    return (p / p.sum(-1, keepdim=True)).float()
+
+
+def random_tree_parents(rng: random.Random, n: int) -> list[int]:
+    """Parents of one n-node tree of a random shape: random, star, chain or layered (layers of
+    width k, each node under a random node of the layer above)."""
+    shape = rng.choice(["random", "star", "chain", "layered"])
+    if shape == "star":
+        return [-1] + [0] * (n - 1)
+    if shape == "chain":
+        return [-1] + list(range(n - 1))
+    if shape == "layered":
+        k = rng.randint(2, 4)
+        return [-1] + [0 if i <= k else 1 + ((i - 1) // k - 1) * k + rng.randrange(k) for i in range(1, n)]
+    return [-1] + [rng.randrange(i) for i in range(1, n)]
