@@ -163,16 +163,9 @@ def _strategy_names() -> dict[str, list[str]]:
     try:
         from .registry import get_plugin_manager, strategy_names
 
-        names = {k: sorted(v) for k, v in strategy_names(get_plugin_manager()).items()}
+        return {k: sorted(v) for k, v in strategy_names(get_plugin_manager()).items()}
     except Exception:
         return {}
-    if "tree" not in names:  # tree shapes not (yet) declared by plugins
-        from . import config
-
-        shapes = getattr(config, "TREE_SHAPES", None)
-        if shapes:
-            names["tree"] = list(shapes)
-    return names
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -245,9 +238,10 @@ def config_from_args(args, *, num_prompts: int, params=None):
 
 
 def check_before_loading(args, config, params=None) -> None:
-    """What can be checked without weights: strategy names, sampling with a greedy-only
-    verifier, device, target path."""
+    """What can be checked without weights: strategy names, the tree policy's options, sampling
+    with a greedy-only verifier, device, target path."""
     from .config import ConfigError
+    from .registry import get_plugin_manager, resolve_tree_policy
     from .validation import check_device
 
     names = _strategy_names()
@@ -255,8 +249,10 @@ def check_before_loading(args, config, params=None) -> None:
         value = getattr(config, kind)
         if kind in names and value not in names[kind]:
             raise ConfigError(f"--{kind} {value}: not installed; available: {', '.join(names[kind])}")
-    _check_tree_policy(config)
-    if params is not None and not params.greedy and _greedy_only(config):
+    pm = get_plugin_manager()
+    caps = _verifier_caps(config, pm)
+    resolve_tree_policy(config, caps, pm)  # the tree policy's options (topk, budget, static paths)
+    if params is not None and not params.greedy and caps is not None and caps.greedy_only:
         raise ConfigError(
             f"--temperature {params.temperature} needs a sampling verifier; --verifier {config.verifier} decodes "
             "greedily (use --verifier target-only or speculative, or --temperature 0)"
@@ -269,29 +265,15 @@ def check_before_loading(args, config, params=None) -> None:
     args.target_path = resolve_target(args.target)
 
 
-def _check_tree_policy(config) -> None:
-    """Build the tree policy `--tree` names for the configured verifier (needs no weights), so
-    its options (topk, the draft budget, static paths) are checked before loading."""
-    from .registry import get_plugin_manager, resolve_tree_policy, verifier_caps
+def _verifier_caps(config, pm):
+    """The configured verifier's typed capabilities (verifiers are built from the config alone),
+    or None when they cannot be told without the target (the decoder checks them again)."""
+    from .registry import verifier_caps
 
-    pm = get_plugin_manager()
     try:
-        caps = verifier_caps(pm.hook.specdec_verify(config=config))
-    except Exception:  # a verifier that cannot be built or read here: the decoder checks it again
-        caps = None
-    resolve_tree_policy(config, caps, pm)
-
-
-def _greedy_only(config) -> bool:
-    """The configured verifier's `greedy_only` (verifiers are built from the config alone);
-    False when that cannot be told without the target (the decoder checks it again)."""
-    try:
-        from .registry import get_plugin_manager
-
-        verifier = get_plugin_manager().hook.specdec_verify(config=config)
+        return verifier_caps(pm.hook.specdec_verify(config=config))
     except Exception:
-        return False
-    return bool(getattr(verifier, "greedy_only", False))
+        return None
 
 
 def load_decoder(args, config):
