@@ -36,7 +36,7 @@ import gc
 import time
 
 import torch
-from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, random_eagle3_head, sync
+from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, random_eagle3_head, sync, warm_up
 
 from specdec import SamplingParams, SpecConfig, hookimpl
 from specdec.registry import get_plugin_manager
@@ -124,10 +124,12 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     pm = get_plugin_manager()
     pm.register(ForcedPlugin())
     dec = SpecDecoder.from_pretrained(target, draft, config, pm=pm)
-    warm = dec.warmup(progress=False)
     batch = [prompts[i % len(prompts)] for i in range(2 * B)]
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     device = next(target.model.parameters()).device
+    warm_s = warm_up(dec, batch, [B], device)  # every setup, the baseline included, warm before timing
+    if dec.engine.policy is not None:  # count the timed run's decisions only
+        dec.engine.policy.decisions = {True: 0, False: 0}
     sync(device)
     t0 = time.perf_counter()
     results = dec.generate(batch, params, progress=False)
@@ -137,7 +139,7 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     steps = sum(r.stats.steps for r in results)
     decisions = dict(dec.engine.policy.decisions) if dec.engine.policy is not None else None
     row = dict(kind=kind, batch=B, tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
-               tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1), warmup_s=warm.seconds,
+               tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1), warmup_s=warm_s,
                decisions=decisions, costs=dec.engine.costs.table() if kind == "adaptive" else None)
     del dec
     gc.collect()

@@ -33,7 +33,8 @@ import statistics
 import time
 
 import torch
-from _bench_common import JsonLines, SpecDecoder, StepTimer, fmt, header, log, markdown_table, random_eagle3_head, sync
+from _bench_common import (JsonLines, SpecDecoder, StepTimer, fmt, header, log, markdown_table, random_eagle3_head,
+                           sync, warm_up)
 from bench_target import LLAMA31_8B, TINY
 
 from specdec import SamplingParams, SpecConfig
@@ -135,8 +136,9 @@ def weight_bytes(model: torch.nn.Module, cfg: ModelConfig) -> int:
     return total if cfg.tie_word_embeddings else total - embed.numel() * embed.element_size()
 
 
-def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps: int, args, device, dtype):
-    """A batch-1 decoder whose max_seq_len holds `longest` prompt tokens and `steps` steps, warmed up."""
+def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps: int, args, device, dtype, warm_prompts):
+    """A batch-1 decoder whose max_seq_len holds `longest` prompt tokens and `steps` steps, warmed up
+    (`warm_up`: compile, capture, and throw-away requests on `warm_prompts`)."""
     N = base.num_tree_slots
     max_seq_len = -(-(longest + steps + 1 + N * (1 + base.kv_lookahead_steps)) // 128) * 128
     config = base.replace(max_batch_size=1, max_seq_len=max_seq_len, compile=knob(args.compile),
@@ -146,10 +148,10 @@ def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps
     dec = SpecDecoder.from_pretrained(target, draft, config, device=device, dtype=dtype)
     log(f"[{name}] built in {time.perf_counter() - t0:.1f} s; warming up (max_seq_len {max_seq_len}, "
         f"compile={config.compile}, cuda_graphs={config.cuda_graphs})")
-    warm = dec.warmup()
+    warm_s = warm_up(dec, warm_prompts, [1], device)
     timer = StepTimer()
     dec.engine.observers.append(timer)
-    built = dict(warmup_s=warm.seconds, max_seq_len=max_seq_len, graphs_after_warmup=dec.engine.capture_count)
+    built = dict(warmup_s=warm_s, max_seq_len=max_seq_len, graphs_after_warmup=dec.engine.capture_count)
     return dec, timer, built
 
 
@@ -222,7 +224,8 @@ def main() -> None:
         for ctx in contexts:
             if dec is None:  # one decoder for every context, or one per context (--decoder-per-context)
                 longest = ctx if args.decoder_per_context else max(contexts)
-                dec, timer, built = build_decoder(key, name, base, target, head, longest, steps, args, device, dtype)
+                warm = [prompts[c] for c in contexts if c <= longest]
+                dec, timer, built = build_decoder(key, name, base, target, head, longest, steps, args, device, dtype, warm)
             row = dict(key=key, name=name, **built, **time_steps(dec, timer, prompts[ctx], steps, skip))
             if args.profile and ctx == contexts[0] and device.type == "cuda":
                 profile_steps(dec, prompts[ctx], name)
@@ -255,7 +258,7 @@ def main() -> None:
             f"{w_bytes / 1e9:.3g} + KV {r['kv_bytes'] / 1e9:.3g}, in {r['ms']:.3f} ms) = "
             f"{100 * r['copy_fraction']:.0f}% of the measured copy bandwidth {copy_gbs:.3g} GB/s")
     warmups = dict.fromkeys(f"{r['name']} (max_seq_len {r['max_seq_len']}) {r['warmup_s']:.1f}" for r in rows)
-    notes.append("warmup() seconds: " + ", ".join(warmups))
+    notes.append("warm-up seconds (warmup() and throw-away requests, not timed): " + ", ".join(warmups))
     grew = [f"{r['name']} @ {r['context']}" for r in rows if r["graphs_after_run"] != r["graphs_after_warmup"]]
     notes.append("CUDA graphs captured after warmup: " + (", ".join(grew) if grew else "none"))
     notes.append("random weights and head: tau ~1 (drafts are rejected), so R is the pure cost of a speculative step")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, sync
+from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, sync, warm_up
 
 from specdec import SamplingParams, SpecConfig
 from specdec.models import load_target, smollm2_gguf_path
@@ -156,9 +156,9 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
     dec = SpecDecoder.from_pretrained(target, draft, config, device=device, dtype=dtype)
     log(f"[{setup.name}] built in {time.perf_counter() - t0:.1f} s; warming up (buckets {config.batch_buckets}, "
         f"max_seq_len {max_seq_len}, compile={config.compile}, cuda_graphs={config.cuda_graphs})")
-    warm = dec.warmup()
+    warm_s = warm_up(dec, prompts, batch_sizes, device)
     captured = dec.engine.capture_count
-    log(f"[{setup.name}] warmup {warm.seconds:.1f} s, {captured} CUDA graphs captured")
+    log(f"[{setup.name}] warm-up {warm_s:.1f} s (warmup() and throw-away requests, not timed), {captured} CUDA graphs captured")
     sampling = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     rows = []
     for B in batch_sizes:
@@ -178,7 +178,7 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
         rows.append(dict(
             key=key, name=setup.name, batch=B, prompts=len(prompts), new_tokens=tokens, seconds=seconds,
             tok_s=tokens / seconds, tau=sum(len(o) - 1 for o in outputs) / max(sum(steps), 1),
-            warmup_s=warm.seconds, graphs_after_warmup=captured, graphs_after_run=dec.engine.capture_count,
+            warmup_s=warm_s, graphs_after_warmup=captured, graphs_after_run=dec.engine.capture_count,
             dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="",
         ))
     del dec

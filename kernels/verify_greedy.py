@@ -64,7 +64,9 @@ def _row_argmax(row_ptr, V, BLOCK_V: tl.constexpr):
     return tl.min(tl.where(best == top, best_idx, V), axis=0).to(tl.int64)
 
 
-@triton.jit
+# N is never a compile-time constant: Triton 3.6 specializes N == 1 (the one-node tree of
+# target-only decoding) and then fails in its coalescing pass on sm_90 (tests/test_kernels_compile_sm90.py)
+@triton.jit(do_not_specialize=["N"])
 def _verify_greedy_kernel(
     tokens_ptr,
     next_tok_ptr,

@@ -1,22 +1,56 @@
 #!/usr/bin/env bash
-# One GPU call: the property suites under the `gpu` hypothesis profile, then the kernel and
-# model benchmarks, each under its own time limit; logs go to $OUT, a summary prints last.
+# The GPU check: run it on the H200 at the commit you land, before landing any change to
+# kernels/, ops, runtime, models, drafters, policies, the step or the engine (CI has no GPU,
+# so nothing else checks the GPU path). One command, at most 8 minutes:
+#
+#   1. every CUDA test: `pytest -m gpu` (compiled kernels at every tree size, compiled step and
+#      CUDA graphs = eager token for token, one host sync per step, many decoders in one
+#      process, ...), 4 workers;
+#   2. the SmolLM2 smoke (scripts/gpu_smoke.py): every drafter, target-only included, in
+#      float32 (greedy output must equal target-only token for token) and bfloat16, tok/s.
+#
+# Writes CHECK.md ($OUT/CHECK.md on the device machine; commit it as notes/gpu/CHECK.md): its
+# first line `commit <full hash>`, pass/fail per part, the tok/s table, the time it took.
+# On the device machine (after the GGUF parts arrived, scripts/gpu_setup.sh):
+#   SPECDEC_COMMIT=<hash of HEAD> bash scripts/gpu_check.sh
 source "$(dirname "$0")/gpu_setup.sh"
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
-summary=()
-run() {  # run NAME SECONDS CMD...
-  local name=$1 secs=$2; shift 2
+commit="${SPECDEC_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}"
+start=$SECONDS
+parts=()
+failed=0
+part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit, record its result
+  local name=$1 secs=$2 log=$3; shift 3
   local t0=$SECONDS
-  timeout "$secs" "$@" > "$out/$name.log" 2>&1; local rc=$?
-  summary+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E 'passed|failed|error' "$out/$name.log" | tail -1)")")
+  timeout "$secs" "$@" > "$out/$log" 2>&1; local rc=$?
+  local summary; summary=$(grep -E "passed|failed|error" "$out/$log" | tail -1)
+  [ $rc -eq 124 ] && summary="timed out after ${secs} s; $summary"
+  local result=pass; [ $rc -ne 0 ] && { result=FAIL; failed=1; }
+  parts+=("| $name | $result | $((SECONDS - t0)) s | ${summary:-rc $rc} |")
+  echo "== $name: $result ($((SECONDS - t0)) s) ${summary}"
 }
-export HYPOTHESIS_PROFILE=gpu
-run tests_ops 130 python -m pytest -q -p no:cacheprovider tests/test_tree_build.py tests/test_verify_greedy.py tests/test_sample_rule.py tests/test_sampling_probs.py tests/test_tree_kernels_compile.py tests/test_tree_ops_compile.py
-run tests_sampling 110 python -m pytest -q -p no:cacheprovider tests/test_verify_sampling.py tests/test_sampling_distribution.py
-run tests_runtime 120 python -m pytest -q -p no:cacheprovider tests/test_kv_cache.py tests/test_kv_relocate.py tests/test_attention.py
-run tests_models 60 python -m pytest -q -p no:cacheprovider tests/test_models_parity.py tests/test_capture.py tests/test_generate_lossless.py
-run bench_ops 90 python examples/bench_ops.py
-run bench_attention 80 python examples/bench_attention.py --impls triton,flex
-run bench_target 120 python examples/bench_target.py --batch-sizes 1 8 --compile off
-for f in "$out"/bench_*.log; do echo "=== $f"; tail -n 30 "$f"; done
-printf '%s\n' "${summary[@]}"
+part "CUDA tests (pytest -m gpu, 4 workers)" 300 tests_gpu.log \
+  python -m pytest -q -p no:cacheprovider -m gpu -n 4 --dist load tests/
+part "SmolLM2 smoke: every drafter, fp32 exact + bf16" 170 smoke.log \
+  python scripts/gpu_smoke.py --out "$out/smoke.json"
+verdict=PASS; [ $failed -ne 0 ] && verdict=FAIL
+{
+  echo "commit $commit"
+  echo
+  echo "# GPU check: $verdict"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(python -c 'import torch, triton, transformers; print(torch.cuda.get_device_name(), "· torch", torch.__version__, "· triton", triton.__version__, "· transformers", transformers.__version__)')."
+  echo "Command: \`SPECDEC_COMMIT=$commit bash scripts/gpu_check.sh\`; took $((SECONDS - start)) s."
+  echo
+  echo "| part | result | time | summary |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${parts[@]}"
+  echo
+  python -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["table"]); print(); [print("- FAIL", f) for f in d["failures"]]' "$out/smoke.json" 2>/dev/null \
+    || echo "(no smoke summary: see smoke.log)"
+  echo
+  echo "Failed tests (if any):"
+  grep -E "^(FAILED|ERROR) " "$out/tests_gpu.log" | head -30 || true
+} > "$out/CHECK.md"
+cat "$out/CHECK.md"
+exit $failed

@@ -25,6 +25,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 PROMPTS = [[5, 17, 33], [9] * 11 + [40, 2], [71], [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43], [60, 61]]
 LENGTHS = [24, 9, 17, 30, 5]  # requests end at different steps; two calls reuse slots
 pytestmark = [
+    pytest.mark.gpu,
     pytest.mark.usefixtures("e2e_cpu"),
     pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning"),
 ]

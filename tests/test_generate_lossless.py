@@ -230,6 +230,7 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(targets, head_path, tmp_pa
         SpecDecoder.from_pretrained(target, other, config)
 
 
+@pytest.mark.gpu
 def test_generation_through_the_triton_kernels(targets, head_path, monkeypatch):
     """The same exactness with every op (tree build, verification, relocation) run by its
     Triton kernel (interpreted on CPU)."""

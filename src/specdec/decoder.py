@@ -116,7 +116,7 @@ class SpecDecoder:
 
     def __init__(self, target, config: SpecConfig, *, pm: pluggy.PluginManager | None = None, seed: int = 0):
         from .distributed import SINGLE, check_spmd
-        from .models.fused import use_compiled
+        from .models.fused import EAGER, compiled, use_compiled
         from .runtime.runner import ModelRunner
 
         self.target = target
@@ -139,9 +139,10 @@ class SpecDecoder:
         runner.cache.use_compiled(self.compiled)
         if caps.attach is not None:
             caps.attach(runner.cache)  # the draft KV goes on the target's block allocator
-        use_compiled(target.model, self.compiled)
+        pieces = compiled() if self.compiled else EAGER  # this decoder's own graphs (`compile_scope`)
+        use_compiled(target.model, pieces=pieces)
         for module in caps.modules:
-            use_compiled(module, self.compiled)
+            use_compiled(module, pieces=pieces)
         if caps.use_compiled is not None:
             caps.use_compiled(self.compiled)
         gen = torch.Generator().manual_seed(seed)

@@ -16,11 +16,11 @@ copy, no branching on tensor values, no `torch.Generator` (draws are counter-bas
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
+from .compile_scope import compile_private
 from .ops.random import STREAM_VERIFY, counter_uniforms
 from .registry import Strategies
 from .strategies import DraftInput
@@ -137,7 +137,7 @@ class DeviceStep:
         self.plain = plain  # the adaptive engine's plain step: ingest only, the target verifies the root
         self.host_drafter = strategies.drafter_caps.runs_on_host
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
-        self.uniforms = _compiled_uniforms() if compiled else counter_uniforms
+        self.uniforms = compile_private(counter_uniforms, dynamic=True, fullgraph=True) if compiled else counter_uniforms
         self.timer = None  # a `step_timing.PhaseTimer` while the engine times phases (eager steps only)
 
     def _mark(self, phase: str) -> None:
@@ -238,6 +238,3 @@ class DeviceStep:
         state.handoff[:, 1:].copy_(accept_tokens)
 
 
-@functools.cache
-def _compiled_uniforms():
-    return torch.compile(counter_uniforms, dynamic=True, fullgraph=True)

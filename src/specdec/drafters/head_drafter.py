@@ -36,11 +36,11 @@ B = the inputs' batch bucket.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 
+from specdec.compile_scope import compile_private
 from specdec.config import ConfigError, SpecConfig
 from specdec.ops.random import STREAM_DRAFT, counter_uniforms
 from specdec.ops.sampling import sample_from_probs
@@ -63,9 +63,6 @@ def _top(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tok, lp
 
 
-@functools.cache
-def _compiled_top():
-    return torch.compile(_top, dynamic=True, fullgraph=True)
 
 
 def _bit(k: int) -> int:
@@ -178,7 +175,7 @@ class HeadDrafter:
 
     def use_compiled(self, on: bool = True) -> None:
         """Compiled candidate selection and policy glue (one graph for every batch size)."""
-        self.top = _compiled_top() if on else _top
+        self.top = compile_private(_top, dynamic=True, fullgraph=True) if on else _top
         self.policy.use_compiled(on)
 
     def attach(self, cache: PagedKVCache) -> None:

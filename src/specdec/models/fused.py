@@ -18,11 +18,11 @@ compare with.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specdec.compile_scope import compile_private
 
 __all__ = ["EAGER", "Pieces", "compiled", "use_compiled", "rms_norm", "add_rms_norm", "rotary_qk", "rotary_cos_sin", "silu_mul"]
 
@@ -122,9 +122,9 @@ class Pieces:
 EAGER = Pieces(_FUNCTIONS, compiled=False)
 
 
-@functools.cache
 def compiled() -> Pieces:
-    """The same pieces through `torch.compile(dynamic=True, fullgraph=True)` (made once).
+    """The same pieces through `torch.compile(dynamic=True, fullgraph=True)`: a new set per
+    call, for one owner (a decoder), with graphs of its own (`specdec.compile_scope`).
 
     Duck sizing is turned off for the process: with it, dynamo gives two dimensions that
     happen to be equal when a piece is first traced one symbol (a 3-row prefill chunk and
@@ -134,13 +134,16 @@ def compiled() -> Pieces:
 
     if hasattr(fx_config, "use_duck_shape"):
         fx_config.use_duck_shape = False
-    return Pieces({name: torch.compile(fn, dynamic=True, fullgraph=True) for name, fn in _FUNCTIONS.items()}, compiled=True)
+    fns = {name: compile_private(fn, dynamic=True, fullgraph=True) for name, fn in _FUNCTIONS.items()}
+    return Pieces(fns, compiled=True)
 
 
-def use_compiled(root: nn.Module, on: bool = True) -> nn.Module:
-    """Switch every module under `root` that has a `fused` namespace to the compiled (or eager)
-    pieces; returns `root`."""
-    pieces = compiled() if on else EAGER
+def use_compiled(root: nn.Module, on: bool = True, *, pieces: Pieces | None = None) -> nn.Module:
+    """Switch every module under `root` that has a `fused` namespace to `pieces` (default: new
+    compiled pieces when `on`, else the eager ones); returns `root`. A decoder passes one
+    `compiled()` set to its target and its draft modules."""
+    if pieces is None:
+        pieces = compiled() if on else EAGER
     for module in root.modules():
         if hasattr(module, "fused"):
             module.fused = pieces

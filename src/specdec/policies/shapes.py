@@ -24,10 +24,10 @@ into its fixed shape.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
+from ..compile_scope import compile_private
 from ..config import ConfigError, SpecConfig
 from .candidates import stable_topk
 from .frontier import FrontierPolicy
@@ -54,9 +54,6 @@ def _best(score: torch.Tensor, k: int) -> torch.Tensor:
     return stable_topk(score, k)
 
 
-@functools.cache
-def _compiled_best():
-    return torch.compile(_best, dynamic=True, fullgraph=True)
 
 
 class _Ranked(FrontierPolicy):
@@ -67,7 +64,7 @@ class _Ranked(FrontierPolicy):
         self._rank = _best
 
     def use_compiled(self, on: bool = True) -> None:
-        self._rank = _compiled_best() if on else _best
+        self._rank = compile_private(_best, dynamic=True, fullgraph=True) if on else _best
 
 
 class LinearPolicy(FrontierPolicy):

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import functools
 
 import torch
 
+from specdec.compile_scope import compile_private
 from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
 from specdec.ops.dispatch import use_triton
 
@@ -51,9 +51,6 @@ def _token_rows(block_tables, slots, positions, valid, block_size: int) -> torch
     return torch.where(inside & (block >= 0), index, -1)
 
 
-@functools.cache
-def _compiled_token_rows():
-    return torch.compile(_token_rows, dynamic=True, fullgraph=True)
 
 
 class BlockAllocator:
@@ -226,6 +223,7 @@ class PagedKVCache:
         ]  # per region: [num_tokens + 1, Hkv, hd], last row = sink
 
         self.compiled = False  # index arithmetic through torch.compile (`use_compiled`)
+        self._token_rows = _token_rows
         # Blocks are handed out by an allocator that layer groups of other models (a draft
         # head's KV) share: one pool, one set of block tables, one reservation per request.
         self.allocator = allocator or BlockAllocator(
@@ -264,6 +262,7 @@ class PagedKVCache:
     def use_compiled(self, on: bool = True) -> "PagedKVCache":
         """Compute write/token indices through torch.compile (one kernel instead of ~8)."""
         self.compiled = bool(on)
+        self._token_rows = compile_private(_token_rows, dynamic=True, fullgraph=True) if on else _token_rows
         return self
 
     # ----------------------------------------------------------------- views
@@ -323,7 +322,7 @@ class PagedKVCache:
         Returns:
             [B, T] int64.
         """
-        fn = _compiled_token_rows() if self.compiled else _token_rows
+        fn = self._token_rows
         return fn(self.block_tables, slots, positions, torch.ones_like(positions, dtype=torch.bool), self.block_size)
 
     def write_index(self, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -337,7 +336,7 @@ class PagedKVCache:
         Returns:
             [B, T] int64.
         """
-        fn = _compiled_token_rows() if self.compiled else _token_rows
+        fn = self._token_rows
         return fn(self.block_tables, slots, positions, valid, self.block_size)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, write_index: torch.Tensor, *, impl: str = "auto") -> None:

@@ -1,0 +1,36 @@
+"""torch.compile for one owner: compiled graphs that belong to a decoder, not to the process.
+
+Dynamo keeps a function's compiled graphs, and the count of recompilations that
+`torch._dynamo.config.recompile_limit` bounds, on the function's code object. Every
+`torch.compile(fn)` of the same `fn` therefore shares them: two decoders of different dtypes
+or model sizes in one process add their variants to one list, and with `fullgraph=True` the
+ninth variant is a hard `FailOnRecompileLimitHit` (seen on the H200: a bf16 then an fp32
+decoder on the same GGUF). `compile_private` compiles a private copy of the function (same
+code, globals and closure, a new code object), so each owner (a decoder's model pieces, its
+KV cache, its drafter, its step) has its own graphs and its own limit, and they are freed
+with it.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+import torch
+
+__all__ = ["compile_private", "private_copy"]
+
+
+def private_copy(fn: Callable) -> Callable:
+    """A new function object running `fn`'s code through a new code object (dynamo caches
+    per code object, so compiling the copy shares nothing with other copies)."""
+    code = fn.__code__.replace()  # an equal, distinct code object
+    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__, copy.__module__, copy.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    return copy
+
+
+def compile_private(fn: Callable, **options) -> Callable:
+    """`torch.compile(private_copy(fn), **options)`: graphs and recompile count of its own."""
+    return torch.compile(private_copy(fn), **options)
