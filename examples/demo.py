@@ -15,6 +15,7 @@ mechanics (and the losslessness) but accepts almost nothing, so expect no speedu
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from importlib import resources
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from specdec import SamplingParams, SpecConfig
+from specdec.cpu_threads import apply_threads
 from specdec.decoder import SpecDecoder
 from specdec.models import load_target, smollm2_gguf_path
 
@@ -58,14 +60,21 @@ def random_head(target, folder: Path) -> Path:
     return folder
 
 
+def say(text: str) -> None:
+    """A progress line on stderr, at once (the demo runs for minutes on a CPU)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", choices=["linear", "dynamic"], default="linear")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     args = ap.parse_args()
     torch.manual_seed(0)
+    say(f"CPU threads: {apply_threads('auto')} (the cores other work leaves idle; SpecConfig(threads=N) to choose)")
 
     t0 = time.perf_counter()
+    say("loading SmolLM2-135M-Instruct (the first run converts the shipped GGUF once, ~30 s) ...")
     target = load_target(smollm2_gguf_path())  # converted once from the GGUF, then cached
     print(f"target: SmolLM2-135M-Instruct ({target.info.num_layers} layers) loaded in {time.perf_counter() - t0:.1f} s")
     head = shipped_head()
@@ -95,18 +104,29 @@ def main() -> None:
         prompt = target.tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
         )
+        print(f"\n> {question}")
         outs = {}
         for name, dec in decoders.items():
+            say(f"[{name}] generating ...")
             start = time.perf_counter()
-            outs[name] = dec.generate([prompt], params)[0]
-            totals[name][0] += len(outs[name].token_ids)
-            totals[name][1] += time.perf_counter() - start
-        base_out, spec_out = outs.values()
-        same = base_out.token_ids == spec_out.token_ids
-        print(f"\n> {question}\n{spec_out.text.strip()}")
+            tokens, text = [], []
+            for delta in dec.stream([prompt], params):  # the answer as it is generated
+                tokens += delta.token_ids
+                text.append(delta.text or "")
+                if name != "target-only":
+                    print(delta.text or "", end="", flush=True)
+                if delta.finish_reason is not None:
+                    outs[name] = (tokens, delta.stats)
+            seconds = time.perf_counter() - start
+            totals[name][0] += len(tokens)
+            totals[name][1] += seconds
+            say(f"{'' if name == 'target-only' else chr(10)}[{name}] {len(tokens)} tokens in {seconds:.1f} s "
+                f"({len(tokens) / seconds:.1f} tok/s)")
+        (base_tokens, _), (spec_tokens, spec_stats) = outs.values()
+        same = base_tokens == spec_tokens
         print(
-            f"[{len(spec_out.token_ids)} tokens; identical to target-only: {same}; "
-            f"mean acceptance length {spec_out.stats.mean_accept_length:.2f} tokens per target forward]"
+            f"[{len(spec_tokens)} tokens; identical to target-only: {same}; "
+            f"mean acceptance length {spec_stats.mean_accept_length:.2f} tokens per target forward]"
         )
         if not same:
             raise SystemExit("speculative output differs from target-only output: this is a bug")

@@ -65,7 +65,7 @@ def no_loading(monkeypatch):
         (["--compile", "maybe"], r"argument --compile: expected auto, true or false, got 'maybe'"),
         (["--temperature", "-1"], r"temperature=-1.0 is out of range; allowed: finite and >= 0"),
         (["--top-p", "2"], r"top_p=2.0 is out of range; allowed: \(0, 1\]"),
-        (["--tree", "dynamic"], r"tree='dynamic' needs topk >= 1"),
+        (["--tree", "static", "--topk", "3"], r"topk=3 does not apply to tree='static'"),
         (["--temperature", "0.7", "--verifier", "greedy"], r"--temperature 0.7 needs a sampling verifier"),
         (["--verifier", "nope"], r"--verifier nope: not installed; available: .*target-only"),
         (["--device", "tpu"], r"device='tpu' is not a device|device='tpu' is not supported"),

@@ -9,6 +9,7 @@ Greedy answers are compared with the same decoder's `generate` on the same ids.
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -192,8 +193,6 @@ def test_a_bad_field_is_a_400_naming_it(server, field, value, message):
         server["client"].completions.create(model="tiny", prompt=WORDS, **kw)
     assert err.value.status_code == 400
     assert err.value.body["param"] == field
-    import re
-
     assert re.search(message, err.value.body["message"])
 
 
@@ -204,3 +203,37 @@ def test_an_overlong_prompt_is_a_400_naming_the_limit(server):
     out = server["client"].completions.create(model="tiny", prompt=WORDS, max_tokens=4, temperature=0,
                                               extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 4
+
+
+def test_an_unknown_model_is_a_404_naming_the_served_one(server):
+    with pytest.raises(openai.NotFoundError) as err:
+        server["client"].completions.create(model="nope", prompt=WORDS, max_tokens=4)
+    assert err.value.status_code == 404
+    assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
+    assert "'nope' does not exist" in err.value.body["message"] and "'tiny'" in err.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        server["client"].chat.completions.create(model="nope", messages=[{"role": "user", "content": WORDS}])
+
+
+def test_every_request_is_one_access_log_line(server, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="specdec.server"):
+        server["client"].completions.create(model="tiny", prompt=WORDS, max_tokens=5, temperature=0,
+                                            extra_body={"ignore_eos": True})
+        for _ in server["client"].completions.create(model="tiny", prompt=WORDS, max_tokens=3, temperature=0,
+                                                     stream=True, extra_body={"ignore_eos": True}):
+            pass
+        with pytest.raises(openai.BadRequestError):
+            server["client"].completions.create(model="tiny", prompt=WORDS, temperature=-1)
+        for _ in range(100):  # the streamed request logs when its stream closes
+            if len([r for r in caplog.records if r.name == "specdec.server"]) >= 3:
+                break
+            time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if r.name == "specdec.server"]
+    assert len(lines) == 3, lines
+    prompt = len(server["tok"](WORDS, add_special_tokens=False)["input_ids"])
+    assert re.fullmatch(rf"POST /v1/completions 200 prompt_tokens={prompt} completion_tokens=5 seconds=[0-9.]+ "
+                        r"mean_acceptance=[0-9.]+", lines[0]), lines[0]
+    assert re.match(rf"POST /v1/completions 200 prompt_tokens={prompt} completion_tokens=3 ", lines[1]), lines[1]
+    assert re.match(r"POST /v1/completions 400 prompt_tokens=0 completion_tokens=0 ", lines[2]), lines[2]

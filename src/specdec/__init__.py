@@ -2,31 +2,42 @@
 
 Public API: the decoder (`SpecDecoder`), configs (`SpecConfig`, `SamplingParams`), the
 plugin system (`get_plugin_manager`, `hookimpl`), and the records strategies exchange.
+
+The configs and `hookimpl` import nothing heavy; the names that need torch are imported on
+first use (PEP 562), so `import specdec.cli` and `specdec --help` start without loading
+torch and transformers.
 """
 
+from importlib import import_module
+
 from .config import ConfigError, SamplingParams, SpecConfig, resolve_capture_layers
-from .decoder import GenerationResult, GenerationStats, SpecDecoder
 from .hookspecs import hookimpl
-from .models import load_target
-from .registry import get_plugin_manager, resolve
-from .types import Acceptance, DraftTree, SamplingTensors, TreeMeta
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Acceptance",
-    "ConfigError",
-    "DraftTree",
-    "GenerationResult",
-    "GenerationStats",
-    "SpecDecoder",
-    "SamplingParams",
-    "SamplingTensors",
-    "SpecConfig",
-    "TreeMeta",
-    "get_plugin_manager",
-    "hookimpl",
-    "load_target",
-    "resolve",
-    "resolve_capture_layers",
-]
+_LAZY = {  # public name -> the module that defines it
+    "GenerationResult": ".decoder",
+    "GenerationStats": ".decoder",
+    "SpecDecoder": ".decoder",
+    "load_target": ".models",
+    "get_plugin_manager": ".registry",
+    "resolve": ".registry",
+    "Acceptance": ".types",
+    "DraftTree": ".types",
+    "SamplingTensors": ".types",
+    "TreeMeta": ".types",
+}
+
+__all__ = sorted(["ConfigError", "SamplingParams", "SpecConfig", "hookimpl", "resolve_capture_layers", *_LAZY])
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # once
+        return value
+    raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -16,8 +16,9 @@ import asyncio
 import itertools
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .config import SamplingParams
 from .streaming import IncrementalDetokenizer, StreamDelta
@@ -33,6 +34,7 @@ class _Stream:
     detok: IncrementalDetokenizer
     request: object = None  # the engine's RequestState, set by the engine thread
     sent: int = 0
+    started: float = field(default_factory=time.perf_counter)
 
 
 class AsyncEngine:
@@ -145,7 +147,8 @@ class AsyncEngine:
                 continue
             text = st.detok.push(new, final=request.finished)
             reason = request.finish_reason if request.finished else None
-            self._send(st, StreamDelta(st.index, new, text, reason, request.error))
+            stats = self.decoder._result(request, [], time.perf_counter() - st.started).stats if request.finished else None
+            self._send(st, StreamDelta(st.index, new, text, reason, request.error, stats))
             if request.finished:
                 self.completed += 1
                 self._streams.pop(handle, None)

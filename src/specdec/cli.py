@@ -22,8 +22,10 @@ and `check_before_loading` / `load_decoder` / `sampling_from_args` are reusable)
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -71,10 +73,24 @@ def command(name: str, help: str, *, configure: Callable[[argparse.ArgumentParse
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad flags are one line (no usage dump), exit code 2."""
+    """Bad flags are one line (no usage dump) with a suggestion when one is close, exit code 2."""
 
     def error(self, message: str):
+        match = re.search(r"invalid choice: '([^']*)'", message)
+        if match:
+            action = next((a for a in self._actions if a.choices and f"argument {_action_name(a)}:" in message), None)
+            message += did_you_mean(match.group(1), list(action.choices) if action else [])
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _action_name(action: argparse.Action) -> str:
+    return "/".join(action.option_strings) if action.option_strings else (action.metavar or action.dest)
+
+
+def did_you_mean(word: str, options) -> str:
+    """"; did you mean X?" for the closest of `options` (difflib), or ""."""
+    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -127,12 +143,22 @@ def resolve_target(text: str) -> Path:
     raise ConfigError(f"--target {text}: no such file or folder; aliases: {sorted(TARGET_ALIASES)}")
 
 
+HEAD_DRAFTERS = ("eagle3", "mtp")  # the built-in drafters that run a head (--draft)
+DEFAULT_TOPK = 8  # --tree dynamic without --topk: EAGLE-2's top-8 (the README's examples)
+
+
 def resolve_draft(text: str) -> tuple[Path, str | None]:
-    """(head folder, the drafter that reads it or None when unknown), for a path or an alias."""
+    """(head folder, the drafter that reads it or None when unknown), for a path or an alias.
+    A folder without a head in it is an error here, before anything loads."""
     from .config import ConfigError
 
     path = Path(text).expanduser()
     if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"--draft {text}: a draft head is a folder (config.json + *.safetensors), not a file")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--draft {text}: no draft head in this folder (no config.json); a head folder holds "
+                              f"config.json and *.safetensors; shipped heads: {', '.join(DRAFT_ALIASES)}")
         return path, head_kind(path)
     if text in DRAFT_ALIASES:
         kind, where = DRAFT_ALIASES[text]
@@ -168,18 +194,23 @@ def _strategy_names() -> dict[str, list[str]]:
         return {}
 
 
-def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """--target, --draft, --device, --dtype and one flag per `SpecConfig` field."""
+def add_model_flags(parser: argparse.ArgumentParser, *, default_target: str | None = None,
+                    default_draft: str | None = None) -> None:
+    """--target, --draft, --device, --dtype and one flag per `SpecConfig` field. With
+    `default_target`, --target is optional (and `default_draft` is the head used with it)."""
     from .config import SpecConfig
     from .validation import DTYPES
     from .cli_flags import add_dataclass_flags
 
     model = parser.add_argument_group("model")
-    model.add_argument("--target", required=True, metavar="PATH|ALIAS",
-                       help=f"HF folder or .gguf file of the target, or an alias: {', '.join(TARGET_ALIASES)}")
-    model.add_argument("--draft", default=None, metavar="PATH|ALIAS",
-                       help="draft head folder (EAGLE-3 or MTP), or an alias: "
-                            f"{', '.join(DRAFT_ALIASES)}; sets --drafter to the head's kind (default: none)")
+    target_help = f"HF folder or .gguf file of the target, or an alias: {', '.join(TARGET_ALIASES)}"
+    draft_help = (f"draft head folder (EAGLE-3 or MTP), or an alias: {', '.join(DRAFT_ALIASES)}; sets --drafter to "
+                  "the head's kind (default: none)")
+    if default_target is not None:
+        target_help += f" (default: {default_target})"
+        draft_help = draft_help.removesuffix("(default: none)") + f"(default: {default_draft} with the default target, else none)"
+    model.add_argument("--target", required=default_target is None, default=None, metavar="PATH|ALIAS", help=target_help)
+    model.add_argument("--draft", default=None, metavar="PATH|ALIAS", help=draft_help)
     model.add_argument("--device", default="auto",
                        help="cpu, cuda or cuda:N; auto = cuda when present, else cpu (default: %(default)s)")
     model.add_argument("--dtype", default="float32", choices=DTYPES,
@@ -191,7 +222,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     extra = {kind: "installed: " + ", ".join(names[kind]) for kind in ("drafter", "tree", "verifier") if kind in names}
     shown = {"drafter": "the --draft head's kind, else none", "max_batch_size": "the number of prompts",
              "verifier": "greedy, or target-only when --temperature > 0",
-             "max_total_draft_tokens": "max_draft_len * topk", "topk": "none (a chain)"}
+             "max_total_draft_tokens": "max_draft_len * topk",
+             "topk": f"none (a chain); {DEFAULT_TOPK} with --tree dynamic"}
     group = parser.add_argument_group("speculative decoding (SpecConfig)")
     add_dataclass_flags(group, SpecConfig, prefix="cfg_", defaults={"drafter": None, "max_batch_size": None, "verifier": None},
                         extra_help=extra, shown=shown)
@@ -225,10 +257,18 @@ def config_from_args(args, *, num_prompts: int, params=None):
         args.draft_path, kind = resolve_draft(args.draft)
         if drafter is None:
             if kind is None:
-                raise ConfigError(f"--draft {args.draft}: cannot tell which drafter reads this head; pass --drafter")
+                raise ConfigError(f"--draft {args.draft}: its config.json names no head kind this command knows; "
+                                  f"pass --drafter ({' or '.join(HEAD_DRAFTERS)}, or a plugin's drafter)")
             drafter = kind
     else:
         args.draft_path = None
+        options = (args.cfg_plugin_options or {}).get(drafter, {}) if drafter else {}
+        if drafter in HEAD_DRAFTERS and not {"checkpoint", "model"} & set(options):
+            raise ConfigError(f"--drafter {drafter} runs a draft head: pass --draft PATH (a head folder) or a shipped "
+                              f"head ({', '.join(a for a, (k, _) in DRAFT_ALIASES.items() if k == drafter)})")
+    if args.cfg_tree == "dynamic" and args.cfg_topk is None:
+        args.cfg_topk = DEFAULT_TOPK
+        _note(f"--tree dynamic: --topk {DEFAULT_TOPK} (children per expanded node; pass --topk K for another)")
     batch = args.cfg_max_batch_size if args.cfg_max_batch_size is not None else max(1, num_prompts)
     verifier = args.cfg_verifier
     if verifier is None:
@@ -248,7 +288,8 @@ def check_before_loading(args, config, params=None) -> None:
     for kind in ("drafter", "tree", "verifier"):
         value = getattr(config, kind)
         if kind in names and value not in names[kind]:
-            raise ConfigError(f"--{kind} {value}: not installed; available: {', '.join(names[kind])}")
+            raise ConfigError(f"--{kind} {value}: not installed; available: {', '.join(names[kind])}"
+                              + did_you_mean(value, names[kind]))
     pm = get_plugin_manager()
     caps = _verifier_caps(config, pm)
     resolve_tree_policy(config, caps, pm)  # the tree policy's options (topk, budget, static paths)
@@ -281,6 +322,10 @@ def load_decoder(args, config):
     from .decoder import SpecDecoder
 
     start = time.perf_counter()
+    if args.device == "cpu":  # before loading: the conversion and the load run on these threads too
+        from .cpu_threads import apply_threads
+
+        _note(f"{apply_threads(config.threads)} CPU thread(s) (--threads {config.threads})")
     _note(f"loading {args.target} on {args.device} ({args.dtype}) ...")
     dec = SpecDecoder.from_pretrained(str(args.target_path), None if args.draft_path is None else str(args.draft_path),
                                       config, device=args.device, dtype=args.dtype, tp_size=getattr(args, "tp", 1))
@@ -294,16 +339,28 @@ def _note(text: str) -> None:
     print(f"specdec: {text}", file=sys.stderr, flush=True)
 
 
-# ------------------------------------------------------------------------- plugins
-@command("plugins", "list plugins and the strategy names they provide")
-def _plugins(args) -> int:
-    from .registry import get_plugin_manager, strategy_names
+def _log_to_stderr(level: str) -> None:
+    """specdec's loggers (the server's access log) to stderr at `level`, one line each."""
+    import logging
 
-    pm = get_plugin_manager()
-    for name, _ in pm.list_name_plugin():
-        print(name)
-    for kind, names in sorted(strategy_names(pm).items()):
-        print(f"{kind}: {', '.join(sorted(names))}")
+    logger = logging.getLogger("specdec")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+
+
+# ------------------------------------------------------------------------- plugins
+@command("plugins", "list installed plugins: which plugin provides which drafter, tree and verifier name")
+def _plugins(args) -> int:
+    from .registry import get_plugin_manager, strategy_table
+
+    rows = strategy_table(get_plugin_manager())
+    width = max([len("plugin")] + [len(p) for p, _, _ in rows])
+    print(f"{'plugin':{width}}  {'kind':8}  name")
+    for plugin, kind, name in sorted(rows, key=lambda r: (r[1], r[2])):
+        print(f"{plugin:{width}}  {kind:8}  {name}")
     return 0
 
 
@@ -462,14 +519,20 @@ class _Printer:
 
 
 # ------------------------------------------------------------------------- serve
+SERVE_DEFAULT = ("smollm2", "smollm2-eagle3")  # `specdec serve` with no --target: the shipped model and head
+
+
 def _serve_flags(parser: argparse.ArgumentParser) -> None:
-    add_model_flags(parser)
+    add_model_flags(parser, default_target=SERVE_DEFAULT[0], default_draft=SERVE_DEFAULT[1])
     net = parser.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     net.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     net.add_argument("--model-name", default=None, help="the id /v1/models reports (default: from --target)")
     net.add_argument("--no-warmup", dest="warmup", action="store_false",
                      help="do not compile / capture before the first request")
+    net.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                     help="info logs one line per request (method, path, status, tokens, seconds, mean acceptance) "
+                          "(default: %(default)s)")
 
 
 @command("serve", "an OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/models, /health, "
@@ -486,6 +549,10 @@ def _serve(args) -> int:
     if args.tp != 1:
         raise ConfigError(f"--tp {args.tp}: specdec serve runs one process (tp 1); tensor parallelism is for "
                           "`torchrun ... -m specdec.cli generate --tp N`")
+    if args.target is None:  # no --target: the shipped SmolLM2 with its EAGLE-3 head
+        args.target = SERVE_DEFAULT[0]
+        if args.draft is None and args.cfg_drafter is None:
+            args.draft = SERVE_DEFAULT[1]
     if args.cfg_verifier is None:
         args.cfg_verifier = "target-only"  # requests may sample; greedy requests stay greedy under it
     config = config_from_args(args, num_prompts=8)
@@ -494,25 +561,56 @@ def _serve(args) -> int:
     if args.warmup:
         _note(f"warm-up took {dec.warmup(progress=True).seconds:.1f} s")
     name = args.model_name or Path(str(args.target)).name.removesuffix(".gguf")
-    _note(f"serving {name} on http://{args.host}:{args.port}/v1 (max_batch_size={config.max_batch_size})")
-    uvicorn.run(build_app(dec, model_name=name), host=args.host, port=args.port, log_level="warning")
+    _log_to_stderr(args.log_level)
+    _note(f"serving {name} on http://{args.host}:{args.port}/v1 (max_batch_size={config.max_batch_size}; "
+          f"try: curl http://{args.host}:{args.port}/v1/models)")
+    # the access log is specdec's own (with tokens and acceptance); uvicorn's is off
+    uvicorn.run(build_app(dec, model_name=name), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False)
     return 0
 
 
 # ------------------------------------------------------------------------- main
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `specdec` parser; `only` configures one subcommand's flags (the others are listed
+    but not built: building `generate`'s flags loads the plugins), None configures all."""
     parser = _Parser(
         prog="specdec", formatter_class=_Formatter,
         description="Speculative decoding for LLMs on PyTorch. Example:\n"
                     "  specdec generate --target smollm2 --draft smollm2-eagle3 "
                     "\"Write a Python function that reverses a list.\"",
     )
+    parser.add_argument("--version", action="version", version=f"specdec {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    parser.subcommands = {}
     for cmd in COMMANDS.values():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, formatter_class=_Formatter)
-        if cmd.configure is not None:
+        if cmd.configure is not None and only in (None, cmd.name):
             cmd.configure(p)
+        parser.subcommands[cmd.name] = p
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version (no torch import)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("specdec")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0.1.0+source"
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, but an unknown flag names the closest real one of its subcommand."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        sub = parser.subcommands[args.command]
+        flags = [s for a in sub._actions for s in a.option_strings]
+        bad = next((u.split("=")[0] for u in unknown if u.startswith("-")), unknown[0])
+        sub.error(f"unrecognized argument: {bad}" + did_you_mean(bad, flags))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,7 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "train":  # the trainer owns its own flags
         return COMMANDS["train"].run(argparse.Namespace(rest=argv[1:]))
-    args = build_parser().parse_args(argv)  # a bad flag: usage + one line, exit 2
+    command = next((a for a in argv if not a.startswith("-")), "")  # top-level flags take no values
+    args = _parse(build_parser(only=command), argv)  # a bad flag: one line (with a suggestion), exit 2
     try:
         return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:

@@ -92,6 +92,10 @@ def _int_list_or_none(text: str):
     return None if text.strip().lower() in _NONE else _int_list(text)
 
 
+def _auto_int(text: str):
+    return "auto" if text.strip().lower() == "auto" else _int(text)
+
+
 def _json_dict(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -109,6 +113,7 @@ _PARSERS = {
     "int | None": (_int_or_none, "N|none"),
     "float | None": (lambda t: None if t.strip().lower() in _NONE else _float(t), "X|none"),
     "bool | str": (_auto_bool, "auto|true|false"),
+    "int | str": (_auto_int, "auto|N"),
     "tuple[int, ...]": (_int_list, "I,J,..."),
     "tuple[int, ...] | None": (_int_list_or_none, "I,J,...|none"),
     "dict": (_json_dict, "JSON"),

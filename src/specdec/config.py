@@ -62,7 +62,7 @@ class SpecConfig:
     verifier: str = "greedy"  # acceptance rule, e.g. "greedy", "target-only", "speculative"
     max_draft_len: int = 5  # D: draft depth (tokens per chain / tree layers)
     topk: int | None = None  # K: children per expanded node, for policies that branch by K
-    max_total_draft_tokens: int | None = None  # draft nodes per step (N - 1); see __post_init__
+    max_total_draft_tokens: int | None = None  # draft tokens per step, the tree's size; None = max_draft_len * topk (a chain: max_draft_len)
     layers_to_capture: tuple[int, ...] | None = None  # target layer *outputs*; None = drafter default
     max_batch_size: int = 8  # B: request slots
     max_seq_len: int = 2048  # prompt + generated tokens per request, drafts included
@@ -75,6 +75,7 @@ class SpecConfig:
     prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
     kv_lookahead_steps: int = 4  # KV blocks are reserved this many steps ahead of need
     adaptive: bool = False  # per step, speculate only when the measured cost model says it pays
+    threads: int | str = "auto"  # CPU targets: torch threads; "auto" = the cores other work leaves idle (never more than torch's)
 
     def __post_init__(self) -> None:
         for name in ("drafter", "tree", "verifier"):
@@ -98,6 +99,10 @@ class SpecConfig:
             )
         _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
         _check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
+        if self.threads != "auto":
+            if isinstance(self.threads, str):
+                raise ConfigError(f"threads={self.threads!r} is not allowed; allowed: 'auto' or an int in [1, 1024]")
+            _check_int("threads", self.threads, 1, 1024)
         if not isinstance(self.adaptive, bool):
             raise ConfigError(f"adaptive must be True or False, got {self.adaptive!r} ({type(self.adaptive).__name__})")
         if self.graph_batch_sizes is not None:
@@ -219,7 +224,7 @@ class SamplingParams:
     min_p: float = 0.0  # [0, 1]; 0 = off (keeps tokens with p >= min_p * p_max)
     seed: int | None = None  # per-request generator seed; None = engine generator
     max_new_tokens: int = 128  # >= 1; never exceeded
-    stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting any of these (one bare id: a 1-tuple)
+    stop_token_ids: tuple[int, ...] = ()  # token ids that end the answer once emitted (e.g. 2,7)
     ignore_eos: bool = False  # keep going past the tokenizer's EOS
     num_draft_tokens: int | None = None  # this request's draft budget per step: None = the config's, 0 = none
 

@@ -18,6 +18,7 @@ import torch
 
 from .chat import encode_conversation, is_conversation
 from .config import ConfigError, SamplingParams, SpecConfig
+from .cpu_threads import apply_threads
 from .engine import SpecEngine
 from .registry import resolve
 from .validation import check_device, check_dtype
@@ -126,6 +127,8 @@ class SpecDecoder:
         info = dataclasses.replace(target.info, model=target.model)
         self.strategies = resolve(config, info, pm)
         device = next(target.model.parameters()).device
+        if device.type == "cpu":
+            apply_threads(config.threads)  # the cores other work leaves idle (`cpu_threads`)
         caps = self.strategies.drafter_caps
         self.compiled = _knob("compile", config.compile, device)
         self.cuda_graphs = _knob("cuda_graphs", config.cuda_graphs, device)

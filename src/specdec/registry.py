@@ -73,6 +73,16 @@ def strategy_names(pm: pluggy.PluginManager) -> dict[str, list[str]]:
     return names
 
 
+def strategy_table(pm: pluggy.PluginManager) -> list[tuple[str, str, str]]:
+    """(plugin, kind, name) for every name a registered plugin declares, in registration order."""
+    rows = []
+    for plugin_name, plugin in pm.list_name_plugin():
+        declare = getattr(plugin, "specdec_strategy_names", None)
+        for kind, names in sorted(((declare() if declare else None) or {}).items()):
+            rows += [(plugin_name, kind, name) for name in names]
+    return rows
+
+
 def _check_name(kind: str, name: str, names: dict[str, list[str]]) -> None:
     available = names.get(kind, [])
     if name not in available:

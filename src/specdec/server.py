@@ -7,13 +7,17 @@ template), both streamed as server-sent events or not, `/v1/models`, `/health` a
 batching. Request fields map to `SamplingParams` (`max_tokens`, `temperature`, `top_p`,
 `seed`, `stop`, plus the extensions `top_k`, `min_p`, `ignore_eos`, `num_draft_tokens`); a
 bad field is a 400 naming the field and the allowed range and never touches other requests;
-an overlong prompt is a 400 naming the limit; a client that disconnects frees its slot.
-Stop strings are matched on the streamed text (the text is cut before the match).
+an overlong prompt is a 400 naming the limit; a `model` other than the one served is a 404
+naming the served one; a client that disconnects frees its slot. Stop strings are matched on
+the streamed text (the text is cut before the match). Every request is one access-log line on
+the `specdec.server` logger (method, path, status, prompt and completion tokens, seconds,
+mean acceptance).
 
 (No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations.)
 """
 
 import json
+import logging
 import time
 import uuid
 from contextlib import aclosing, asynccontextmanager
@@ -22,6 +26,8 @@ from .config import ConfigError, SamplingParams
 
 __all__ = ["build_app", "sampling_from_body", "RequestError"]
 
+log = logging.getLogger("specdec.server")
+
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "num_draft_tokens")
 _UNSUPPORTED = dict(n=1, best_of=1, echo=False, logprobs=None, presence_penalty=0, frequency_penalty=0, suffix=None)
 
@@ -29,9 +35,9 @@ _UNSUPPORTED = dict(n=1, best_of=1, echo=False, logprobs=None, presence_penalty=
 class RequestError(ValueError):
     """A client's mistake: the HTTP status, the offending field, the message."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
-        self.param, self.status = param, status
+        self.param, self.status, self.code = param, status, code
 
 
 def sampling_from_body(body: dict, vocab_size: int) -> tuple[SamplingParams, list[str]]:
@@ -98,10 +104,18 @@ def build_app(decoder, *, model_name: str = "specdec"):
     vocab = decoder.target.info.vocab_size
     counters = dict(requests=0, rejected=0)
 
-    def error(err: RequestError) -> JSONResponse:
+    def error(err: RequestError, request: Request, started: float) -> JSONResponse:
         counters["rejected"] += 1
-        body = {"error": {"message": str(err), "type": "invalid_request_error", "param": err.param, "code": None}}
+        access(request, err.status, started)
+        body = {"error": {"message": str(err), "type": "invalid_request_error", "param": err.param, "code": err.code}}
         return JSONResponse(body, status_code=err.status)
+
+    def access(request: Request, status: int, started: float, prompt: int = 0, completion: int = 0, stats=None) -> None:
+        """The request's access-log line: method, path, status, tokens, seconds, mean acceptance."""
+        mean = getattr(stats, "mean_accept_length", None)
+        accept = f"{mean:.2f}" if isinstance(mean, (int, float)) else "-"
+        log.info("%s %s %d prompt_tokens=%d completion_tokens=%d seconds=%.3f mean_acceptance=%s",
+                 request.method, request.url.path, status, prompt, completion, time.perf_counter() - started, accept)
 
     def encode_prompt(body: dict) -> list[int]:
         prompt = body.get("prompt")
@@ -136,6 +150,10 @@ def build_app(decoder, *, model_name: str = "specdec"):
             raise RequestError(f"the body is not JSON: {err}", None) from err
         if not isinstance(body, dict):
             raise RequestError("the body must be a JSON object", None)
+        model = body.get("model")
+        if model is not None and model != model_name:
+            raise RequestError(f"the model {model!r} does not exist; this server serves: {model_name!r}", "model",
+                               status=404, code="model_not_found")
         ids = encode_chat(body) if chat else encode_prompt(body)
         params, stops = sampling_from_body(body, vocab)
         try:
@@ -147,12 +165,15 @@ def build_app(decoder, *, model_name: str = "specdec"):
             raise RequestError(f"stream={stream!r} must be true or false", "stream")
         return ids, params, stops, stream
 
-    async def run(ids, params, stops):
-        """Yield (text piece, new token count, finish reason or None, error) until the end."""
+    async def run(ids, params, stops, record: dict):
+        """Yield (text piece, new token count, finish reason or None, error) until the end;
+        `record` collects the completion tokens and the request's stats (the access log's)."""
         text, done = "", False
         async with aclosing(engine.stream(ids, params)) as deltas:
             async for delta in deltas:
                 piece = delta.text or ""
+                record["completion"] += len(delta.token_ids)
+                record["stats"] = getattr(delta, "stats", None) or record["stats"]
                 if stops:
                     cut, hit = _cut_at_stop(text + piece, stops)
                     if hit:
@@ -166,10 +187,12 @@ def build_app(decoder, *, model_name: str = "specdec"):
 
     async def handle(request: Request, chat: bool):
         counters["requests"] += 1
+        started = time.perf_counter()
         try:
             ids, params, stops, stream = await prepare(request, chat)
         except RequestError as err:
-            return error(err)
+            return error(err, request, started)
+        record = dict(completion=0, stats=None)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
@@ -189,20 +212,25 @@ def build_app(decoder, *, model_name: str = "specdec"):
 
         if stream:
             async def events():
-                async with aclosing(run(ids, params, stops)) as pieces:
-                    async for piece, _, reason, err in pieces:
-                        if err is not None:
-                            yield f"data: {json.dumps({'error': {'message': err, 'type': 'server_error'}})}\n\n"
-                            break
-                        yield f"data: {json.dumps(envelope([choice(piece, reason, True)], True))}\n\n"
-                        if reason is not None:
-                            break
-                yield "data: [DONE]\n\n"
+                status = 200
+                try:
+                    async with aclosing(run(ids, params, stops, record)) as pieces:
+                        async for piece, _, reason, err in pieces:
+                            if err is not None:
+                                status = 500
+                                yield f"data: {json.dumps({'error': {'message': err, 'type': 'server_error'}})}\n\n"
+                                break
+                            yield f"data: {json.dumps(envelope([choice(piece, reason, True)], True))}\n\n"
+                            if reason is not None:
+                                break
+                    yield "data: [DONE]\n\n"
+                finally:  # also when the client went away mid-stream
+                    access(request, status, started, len(ids), record["completion"], record["stats"])
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
         pieces, count, reason, err = [], 0, None, None
-        async with aclosing(run(ids, params, stops)) as parts:
+        async with aclosing(run(ids, params, stops, record)) as parts:
             async for piece, n, r, e in parts:
                 pieces.append(piece)
                 count += n
@@ -210,7 +238,9 @@ def build_app(decoder, *, model_name: str = "specdec"):
                 if r is not None:
                     break
         if err is not None:
+            access(request, 500, started, len(ids), record["completion"], record["stats"])
             return JSONResponse({"error": {"message": err, "type": "server_error", "param": None, "code": None}}, 500)
+        access(request, 200, started, len(ids), count, record["stats"])
         usage = {"prompt_tokens": len(ids), "completion_tokens": count, "total_tokens": len(ids) + count}
         return JSONResponse(envelope([choice("".join(pieces), reason or "stop", False)], False, usage))
 

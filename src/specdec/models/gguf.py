@@ -59,6 +59,10 @@ def convert_gguf(path, *, root: Path | None = None) -> Path:
     out = (root or cache_root()) / "gguf" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
     if (out / "config.json").is_file():
         return out
+    if importlib.util.find_spec("gguf") is None:  # transformers' GGUF reader needs it
+        from specdec.config import ConfigError
+
+        raise ConfigError(f"reading {path.name} needs the gguf package (a specdec dependency): pip install 'gguf>=0.10'")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

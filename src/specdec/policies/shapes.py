@@ -173,7 +173,8 @@ def linear(config: SpecConfig, *, samples: bool, name: str = "linear") -> Fronti
 
 def dynamic(config: SpecConfig, *, samples: bool, name: str = "dynamic") -> FrontierPolicy:
     if config.topk is None:
-        raise ConfigError(f"tree={name!r} needs topk >= 1 (children per expanded node), got None")
+        raise ConfigError(f"tree={name!r} needs topk >= 1 (children per expanded node; --topk on the command "
+                          "line), got None; EAGLE-2 uses topk=8")
     D, K = config.max_draft_len, config.topk
     _budget_range(config, D, D * K)
     if samples:  # exactness needs whole i.i.d. groups, not EAGLE-2's value-based pruning
