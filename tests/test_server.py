@@ -237,3 +237,24 @@ def test_every_request_is_one_access_log_line(server, caplog):
                         r"mean_acceptance=[0-9.]+", lines[0]), lines[0]
     assert re.match(rf"POST /v1/completions 200 prompt_tokens={prompt} completion_tokens=3 ", lines[1]), lines[1]
     assert re.match(r"POST /v1/completions 400 prompt_tokens=0 completion_tokens=0 ", lines[2]), lines[2]
+
+
+def test_several_stop_strings_cut_at_the_earliest_match_streamed_or_not(server):
+    client = server["client"]
+    kw = dict(model="tiny", prompt=WORDS, max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw).choices[0].text
+    words = full.split()
+    assert len(words) >= 6, full
+    spanning = " ".join(words[3:5])  # a stop string across a token boundary
+    cases = [
+        [words[4], words[2], "never-in-the-text"],  # the earliest match wins, whatever the list order
+        ["never-in-the-text", spanning],
+        [words[5], spanning],
+    ]
+    for stops in cases:
+        hits = [full.find(s) for s in stops if s in full]
+        want = full[: min(hits)]
+        got = client.completions.create(**kw, stop=stops).choices[0]
+        assert got.text == want and got.finish_reason == "stop", (stops, got.text, want)
+        streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stop=stops, stream=True))
+        assert streamed == want, (stops, streamed, want)

@@ -51,6 +51,7 @@ from .step import DeviceStep, StepState
 from .strategies import TargetInfo
 from .types import TreeMeta
 from .validation import check_request
+from .watchdog import ProgressWatchdog
 
 __all__ = ["SpecEngine", "TargetRunner", "RequestState", "StepObserver", "WarmupReport"]
 
@@ -184,6 +185,7 @@ class SpecEngine:
         self._roots = [0] * B
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (bucket, speculative) -> graph
         self.capture_count = 0
+        self.watchdog = ProgressWatchdog(config)  # a request that stops progressing fails, by name
         self.warmed = False
         self.check_syncs = False  # CUDA: fail on any host sync inside the device part (tests)
 
@@ -283,6 +285,10 @@ class SpecEngine:
                 self.step()
             except Exception as err:  # the step's requests fail; everything else goes on
                 self._fail(self.running(), err)
+        for request, why in self.watchdog.check(self.slots, self.waiting):  # never hang on a stuck request
+            if request.status == WAITING:
+                self.waiting.remove(request)
+            self._finish(request, "error", why)
         return self.touched
 
     def run_until_done(self, max_steps: int | None = None) -> None:

@@ -24,7 +24,7 @@ from contextlib import aclosing, asynccontextmanager
 
 from .config import ConfigError, SamplingParams
 
-__all__ = ["build_app", "sampling_from_body", "RequestError"]
+__all__ = ["build_app", "sampling_from_body", "RequestError", "StopMatcher"]
 
 log = logging.getLogger("specdec.server")
 
@@ -74,10 +74,34 @@ def sampling_from_body(body: dict, vocab_size: int) -> tuple[SamplingParams, lis
     return params, stops
 
 
-def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """The text before the first stop string, and whether one was found."""
-    hits = [text.find(s) for s in stops if s and s in text]
-    return (text[: min(hits)], True) if hits else (text, False)
+class StopMatcher:
+    """Stop strings over streamed text: what may be sent now, and where the text ends.
+
+    A stop string can span pieces ("w64" then " w64" against the stop "w64 w64"), so the
+    longest tail of the text that could still begin a stop string is held back until the
+    next piece decides; text once sent is never taken back. `push(piece)` returns (the text
+    that may be sent now, whether a stop string matched: then the text ended before it);
+    `flush()` returns what is held back when generation ends without a match.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.text, self.sent = "", 0
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        self.text += piece
+        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.sent = self.text[self.sent : min(hits)], len(self.text)
+            return out, True
+        keep = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        end = max(self.sent, len(self.text) - keep)
+        out, self.sent = self.text[self.sent : end], end
+        return out, False
+
+    def flush(self) -> str:
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
 
 
 def _finish_reason(reason: str | None) -> str | None:
@@ -168,18 +192,19 @@ def build_app(decoder, *, model_name: str = "specdec"):
     async def run(ids, params, stops, record: dict):
         """Yield (text piece, new token count, finish reason or None, error) until the end;
         `record` collects the completion tokens and the request's stats (the access log's)."""
-        text, done = "", False
+        matcher, done = StopMatcher(stops), False
         async with aclosing(engine.stream(ids, params)) as deltas:
             async for delta in deltas:
                 piece = delta.text or ""
                 record["completion"] += len(delta.token_ids)
                 record["stats"] = getattr(delta, "stats", None) or record["stats"]
-                if stops:
-                    cut, hit = _cut_at_stop(text + piece, stops)
+                if matcher.stops:
+                    piece, hit = matcher.push(piece)
                     if hit:
-                        yield cut[len(text):], len(delta.token_ids), "stop", None
+                        yield piece, len(delta.token_ids), "stop", None
                         return  # closing the stream aborts the engine request
-                    text += piece
+                    if delta.finish_reason is not None:
+                        piece += matcher.flush()
                 yield piece, len(delta.token_ids), _finish_reason(delta.finish_reason), delta.error
                 done = delta.finish_reason is not None
         if not done:

@@ -1,0 +1,65 @@
+"""A request that stops making progress fails with an error that names it; it never hangs.
+
+Every engine iteration gives each running request at least one token (the bonus token of
+its step) and advances the oldest prefilling requests by a chunk, so a request that holds a
+slot and stays unchanged for a few iterations can only be an engine bug (a slot left out of
+the step's bucket, a hand-off that skips a row, a prefill that never finishes). Without a
+bound, `generate` would loop forever on it; with this one, that request ends with
+`finish_reason="error"` and a message naming its id and slot, and everything else goes on.
+
+Bounds, in engine iterations without any change to the request (status, tokens, prefilled
+positions, slot): a running request 3; a prefilling one the longest wait a correct engine
+can give it, every older slot prefilling a whole `max_seq_len` one `prefill_chunk_size`
+chunk at a time (plus 3); and a queue whose head cannot be admitted while no request holds
+a slot (nothing will ever free one) 3.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import SpecConfig
+from .request import PREFILLING, RUNNING, RequestState
+
+__all__ = ["ProgressWatchdog"]
+
+RUNNING_LIMIT = 3
+
+
+class ProgressWatchdog:
+    """`check(slots, waiting)` once per engine iteration -> [(request, why)] to fail now."""
+
+    def __init__(self, config: SpecConfig) -> None:
+        chunks = math.ceil(config.max_seq_len / config.prefill_chunk_size)
+        self.limits = {RUNNING: RUNNING_LIMIT, PREFILLING: config.max_batch_size * chunks + 3}
+        self.iteration = 0
+        self._marks: dict[int, tuple[tuple, int]] = {}  # request id -> (its state, iteration it last changed)
+        self._idle_queue_since: int | None = None
+
+    def check(self, slots: list[RequestState | None], waiting) -> list[tuple[RequestState, str]]:
+        self.iteration += 1
+        stalled = []
+        holders = [r for r in slots if r is not None and r.status in self.limits]
+        for r in holders:
+            mark = (r.status, len(r.token_ids), r.prefilled, r.slot)
+            seen = self._marks.get(r.id)
+            if seen is None or seen[0] != mark:
+                self._marks[r.id] = (mark, self.iteration)
+                continue
+            limit = self.limits[r.status]
+            if self.iteration - seen[1] >= limit:
+                stalled.append((r, f"request {r.id} in slot {r.slot} made no progress in {limit} engine iterations "
+                                   f"({r.status}, {len(r.token_ids)} tokens, {r.prefilled} prompt positions prefilled); "
+                                   "failed instead of hanging (an engine bug)"))
+        live = {r.id for r in holders}
+        self._marks = {k: v for k, v in self._marks.items() if k in live}
+        if waiting and not any(r is not None for r in slots):
+            self._idle_queue_since = self._idle_queue_since or self.iteration
+            if self.iteration - self._idle_queue_since >= RUNNING_LIMIT:
+                head = waiting[0]
+                stalled.append((head, f"request {head.id} waits for admission while no request holds a slot "
+                                      f"(every slot free for {RUNNING_LIMIT} engine iterations); failed instead of "
+                                      "hanging (an engine bug)"))
+        else:
+            self._idle_queue_since = None
+        return stalled
