@@ -1,0 +1,93 @@
+"""Chunked prefill hands the drafter exactly what an unchunked prefill does.
+
+A prompt prefilled in chunks of 1, 5 or 512 tokens must leave the drafter in the same state
+(the draft head's KV for the prompt, the n-gram drafter's token history), so every step then
+proposes the same tree. Outputs stay exact whatever the drafter is fed (the verifier
+decides), so comparing tokens alone would pass a drafter fed the wrong rows; this records
+every proposed tree (tokens, parents, sizes) and every step's acceptance and compares them
+across chunk sizes. The trees are recorded by wrapping the drafter's `propose` (model
+drafters, inside the step) or `propose_host` (the n-gram drafter, between steps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec import SamplingParams, SpecConfig, SpecDecoder
+from specdec.drafters.eagle3_checkpoint import save_eagle3
+
+from _eagle3_heads import random_head
+from _mtp_heads import e2e_cpu, random_mtp  # noqa: F401  (e2e_cpu: a fixture)
+from _tiny_models import make_checkpoint
+
+pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
+              pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")]
+PROMPTS = [[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43], [9] * 9 + [40, 9, 9, 40, 9], [71, 5, 71]]
+SETUPS = {
+    "eagle3-chain": ("eagle3", dict(drafter="eagle3", max_draft_len=3)),
+    "eagle3-tree": ("eagle3", dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
+    "mtp-tree": ("mtp", dict(drafter="mtp", tree="dynamic", topk=2, max_draft_len=3)),
+    "ngram-chain": (None, dict(drafter="ngram", max_draft_len=4)),
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chunk_target")
+    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
+    head = tmp_path_factory.mktemp("chunk_head")
+    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.3), head)
+    return dict(target=specdec.load_target(folder), eagle3=head, mtp=random_mtp(seed=0))
+
+
+def _record(dec: SpecDecoder) -> dict[int, list]:
+    """slot -> the trees proposed for it, step by step (active rows only: a step's other rows
+    are idle slots or requests still prefilling, which differ with the chunk size)."""
+    drafter, trees = dec.strategies.drafter, {}
+
+    def keep(tokens, parents, num_nodes, active):
+        for slot, live in enumerate(active):
+            if live:
+                trees.setdefault(slot, []).append((tokens[slot].tolist(), parents[slot].tolist(), int(num_nodes[slot])))
+
+    if dec.strategies.drafter_caps.runs_on_host:
+        inner = drafter.propose_host
+
+        def propose_host(last_accept, last_tokens, roots, active):
+            tokens, parents, num_nodes = inner(last_accept, last_tokens, roots, active)
+            keep(tokens, parents, num_nodes, list(active))
+            return tokens, parents, num_nodes
+
+        drafter.propose_host = propose_host
+    else:
+        inner = drafter.propose
+
+        def propose(inputs):
+            tree = inner(inputs)
+            keep(tree.tokens, tree.parents, tree.num_nodes, inputs.active.tolist())
+            return tree
+
+        drafter.propose = propose
+    return trees
+
+
+def _run(world, name: str, chunk: int):
+    head, cfg = SETUPS[name]
+    config = SpecConfig(**cfg, max_batch_size=3, max_seq_len=96, kv_block_size=4, prefill_chunk_size=chunk)
+    dec = SpecDecoder.from_pretrained(world["target"], world[head] if head else None, config)
+    trees = _record(dec)
+    results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=16, ignore_eos=True))
+    return trees, [r.token_ids for r in results], [r.stats.accepted_per_step for r in results]
+
+
+@pytest.mark.parametrize("name", list(SETUPS))
+def test_chunked_prefill_leaves_the_drafter_proposing_the_same_trees(world, name):
+    trees, tokens, accepted = _run(world, name, 512)
+    assert sorted(trees) == [0, 1, 2] and all(len(t) >= 4 for t in trees.values())
+    assert len({tuple(tree[0]) for t in trees.values() for tree in t}) > 5  # real, varied drafts
+    for chunk in (5, 1):
+        got = _run(world, name, chunk)
+        assert got[1] == tokens and got[2] == accepted, f"chunk {chunk}: outputs or acceptance differ"
+        assert got[0] == trees, f"chunk {chunk}: the drafter proposed other trees after a chunked prefill"
