@@ -258,3 +258,66 @@ def test_several_stop_strings_cut_at_the_earliest_match_streamed_or_not(server):
         assert got.text == want and got.finish_reason == "stop", (stops, got.text, want)
         streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stop=stops, stream=True))
         assert streamed == want, (stops, streamed, want)
+
+
+# ----------------------------------------------------------------------------- byte-level BPE
+@pytest.fixture(scope="module")
+def bpe_server(tmp_path_factory):
+    """A target whose tokenizer is byte-level BPE (characters split across tokens), served."""
+    import os
+
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    before = os.environ.get("TRITON_INTERPRET")
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "0"
+    folder = tmp_path_factory.mktemp("bpe")
+    corpus = ["héllo wörld, ça va? 世界你好 🎉 naïve café", "日本語のテキスト and plain words", "€ ± µ ß ñ"] * 20
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=320, min_frequency=1, show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=None)
+    make_checkpoint("llama", folder, num_hidden_layers=2, seed=9, vocab_size=len(tok), initializer_range=0.5)
+    tok.save_pretrained(str(folder))
+    dec = SpecDecoder.from_pretrained(specdec.load_target(folder), None,
+                                      SpecConfig(verifier="target-only", max_batch_size=2, max_seq_len=96))
+    ref = SpecDecoder.from_pretrained(specdec.load_target(folder), None,
+                                      SpecConfig(verifier="target-only", max_batch_size=2, max_seq_len=96))
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(dec, model_name="bpe"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield dict(base=base, tok=tok, ref=ref,
+               client=openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120))
+    srv.should_exit = True
+    thread.join(timeout=10)
+    if before is not None:
+        os.environ["TRITON_INTERPRET"] = before
+
+
+@pytest.mark.parametrize("prompt", ["ça va? 世界", "naïve 🎉", "日本語"])
+def test_characters_split_across_tokens_stream_whole(bpe_server, prompt):
+    """Streamed pieces joined equal the whole answer and transformers' decode of the same
+    tokens: no piece ever carries half a character (which would decode as U+FFFD and never
+    be repaired), streamed or not, with a multi-byte stop string too."""
+    client, tok = bpe_server["client"], bpe_server["tok"]
+    ids = tok(prompt)["input_ids"]
+    want_ids = bpe_server["ref"].generate([ids], SamplingParams(max_new_tokens=24, ignore_eos=True))[0].token_ids
+    want = tok.decode(want_ids)
+    assert any(len(tok.decode([t]).encode()) != len(tok.decode([t])) or "\ufffd" in tok.decode([t]) for t in want_ids), \
+        "the answer has no multi-byte pieces: the case tests nothing"
+    kw = dict(model="bpe", prompt=prompt, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True))
+    assert whole == want and streamed == want
+    chars = [c for c in want if len(c.encode()) > 1 and c != "\ufffd"]
+    if chars:  # a stop string that is one multi-byte character: the text ends before it
+        cut = client.completions.create(**kw, stop=[chars[0]]).choices[0]
+        assert cut.text == want[: want.index(chars[0])] and cut.finish_reason == "stop"
