@@ -12,7 +12,6 @@ drafters, inside the step) or `propose_host` (the n-gram drafter, between steps)
 from __future__ import annotations
 
 import pytest
-import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder

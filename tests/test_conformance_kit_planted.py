@@ -1,12 +1,16 @@
-"""The conformance kit checks itself: for each property of verifiers, tree builders and KV
-relocators, a strategy with one realistic planted bug fails exactly that property (and the
-kit's message names what broke), while the built-in strategy it was made from passes it.
+"""The conformance kit checks itself: for each property of verifiers, tree builders, KV
+relocators and tree policies, a strategy with one realistic planted bug fails exactly that
+property (and the kit's message names what broke), while the built-in it was made from
+passes it (the built-ins' runs are in test_conformance_kit.py).
 
 A property that a planted bug can pass promises less than its name says. Each planted bug
 is a one-line change a plugin author could make: a path that skips a level, a bonus token
 taken as the argmax, a bonus drawn at the wrong node, a depth off by one, a buffer OR-ed
-instead of overwritten, one row relocated too many. (The tree-policy properties have their
-planted bugs in test_conformance_kit.py and test_tree_policies.py.)
+instead of overwritten, one row relocated too many; a policy that skips its last expansion,
+shifts a token, repeats a sibling, ranks with noise, expands the K worst, or drops a static
+path. Planted elsewhere: non-topological parents and one token too many
+(test_conformance_kit.py). Not planted yet: the policies' sampling-distribution property and
+the three drafter properties.
 """
 
 from __future__ import annotations
@@ -163,3 +167,117 @@ def test_every_property_of_these_kinds_has_a_planted_bug_here():
                "a reused buffer keeps no stale bit", "accepted KV moves", "greedy rows accept exactly"}
     # the brute-force greedy walk's planted bug (one token too many) is in test_conformance_kit.py
     assert len(names) == 7 and all(any(p in name for p in planted) for name in names), sorted(names)
+
+
+# ----------------------------------------------------------------------------- tree policies
+from specdec.hookspecs import hookimpl  # noqa: E402
+from specdec.policies import DynamicPolicy  # noqa: E402
+from specdec.policies.shapes import StaticPolicy  # noqa: E402
+from specdec.policies.static_tree import static_tree  # noqa: E402
+from specdec.registry import get_plugin_manager  # noqa: E402
+from specdec.testing import check  # noqa: E402
+
+DYN = dict(topk=2, max_draft_len=3, max_total_draft_tokens=5)
+CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+
+
+class SkipsTheLastCall(DynamicPolicy):
+    """Declares D calls, makes D - 1: the last depth's candidates are copied from the call before."""
+
+    def grow(self, expand, batch, device):
+        seen = {}
+
+        def lazy(frontier):
+            if frontier.depth == self.depth - 1 and frontier.depth >= 2:
+                return seen[frontier.depth - 1]
+            seen[frontier.depth] = expand(frontier)
+            return seen[frontier.depth]
+
+        return super().grow(lazy, batch, device)
+
+
+class ShiftedToken(DynamicPolicy):
+    """Node 1's token moved by one: a token its parent never offered."""
+
+    def grow(self, expand, batch, device):
+        grown = super().grow(expand, batch, device)
+        tokens = grown.tokens.clone()
+        tokens[:, 0] = torch.where(grown.num_nodes > 0, tokens[:, 0] + 1, tokens[:, 0])
+        return type(grown)(tokens, grown.parents, grown.num_nodes, grown.dist_index, grown.dists)
+
+
+class DuplicateSiblings(DynamicPolicy):
+    """When nodes 1 and 2 are both the root's children, node 2 repeats node 1's token."""
+
+    def grow(self, expand, batch, device):
+        grown = super().grow(expand, batch, device)
+        tokens = grown.tokens.clone()
+        both = (grown.parents[:, 0] == 0) & (grown.parents[:, 1] == 0) & (grown.num_nodes >= 2)
+        tokens[:, 1] = torch.where(both, tokens[:, 0], tokens[:, 1])
+        return type(grown)(tokens, grown.parents, grown.num_nodes, grown.dist_index, grown.dists)
+
+
+class NoisyRanking(DynamicPolicy):
+    """Ranks by score plus fresh noise (torch's global generator): two runs keep other nodes."""
+
+    def _pick(self, t, score):
+        return super()._pick(t, score + 3 * torch.rand(score.shape, device=score.device))
+
+    def _select(self, scores):
+        return super()._select(torch.where(scores > float("-inf"), scores + 3 * torch.rand(scores.shape), scores))
+
+
+class KWorst(DynamicPolicy):
+    """Expands the K worst candidates of each depth (keeps the best overall)."""
+
+    def _pick(self, t, score):
+        return super()._pick(t, torch.where(score > float("-inf"), -score, score))
+
+
+class DropsAPath(StaticPolicy):
+    """A static tree whose last path is kept as padding (its node never appears)."""
+
+    def _select(self, scores):
+        kept = super()._select(scores).clone()
+        kept[:, -1] = kept[:, 0]  # a duplicate of the first kept node instead of the last path
+        return kept
+
+
+class Planted:
+    POLICIES = {
+        "skips-last-call": lambda c: SkipsTheLastCall(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="skips-last-call"),
+        "shifted-token": lambda c: ShiftedToken(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="shifted-token"),
+        "duplicate-siblings": lambda c: DuplicateSiblings(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="duplicate-siblings"),
+        "noisy-ranking": lambda c: NoisyRanking(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="noisy-ranking"),
+        "k-worst": lambda c: KWorst(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="k-worst"),
+        "drops-a-path": lambda c: DropsAPath(static_tree(CHOICES, budget=len(CHOICES), max_depth=3, source="test"), name="drops-a-path"),
+    }
+
+    @hookimpl
+    def specdec_strategy_names(self):
+        return {"tree": list(self.POLICIES)}
+
+    @hookimpl
+    def specdec_tree_policy(self, config, verifier):
+        make = self.POLICIES.get(config.tree)
+        return None if make is None else make(config)
+
+
+@pytest.mark.parametrize("name, prop, message", [
+    ("skips-last-call", "expand is called D times", r"expand called 2 times; depth=3"),
+    ("shifted-token", "every node is a candidate of its parent's expansion", r"is not a candidate of its parent"),
+    ("duplicate-siblings", "greedy policies keep no two siblings", r"duplicate \(parent, token\)"),
+    ("noisy-ranking", "the same candidates grow the same tree", r"differ between two identical runs"),
+    ("k-worst", "dynamic keeps exactly the K best", r"frontier .* the K best are"),
+    ("drops-a-path", "a static tree holds exactly its paths", r"tree paths .* choices|nodes, the tree has"),
+], ids=lambda x: x if isinstance(x, str) and " " not in x else None)
+def test_each_tree_policy_property_catches_its_planted_bug(name, prop, message):
+    import re
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(Planted())
+    config = DYN if name != "drops-a-path" else dict(max_draft_len=3, max_total_draft_tokens=len(CHOICES))
+    out = __import__("io").StringIO()
+    results = check([name], pm=pm, config=config, scale=0.5, out=out, only=prop, shrink=False)
+    assert [r.ok for r in results] == [False], out.getvalue()
+    assert re.search(message, results[0].error), results[0].error

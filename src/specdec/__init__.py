@@ -28,7 +28,23 @@ _LAZY = {  # public name -> the module that defines it
     "TreeMeta": ".types",
 }
 
-__all__ = sorted(["ConfigError", "SamplingParams", "SpecConfig", "hookimpl", "resolve_capture_layers", *_LAZY])
+__all__ = [
+    "Acceptance",
+    "ConfigError",
+    "DraftTree",
+    "GenerationResult",
+    "GenerationStats",
+    "SamplingParams",
+    "SamplingTensors",
+    "SpecConfig",
+    "SpecDecoder",
+    "TreeMeta",
+    "get_plugin_manager",
+    "hookimpl",
+    "load_target",
+    "resolve",
+    "resolve_capture_layers",
+]
 
 
 def __getattr__(name: str):
