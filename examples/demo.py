@@ -109,10 +109,9 @@ def main() -> None:
         for name, dec in decoders.items():
             say(f"[{name}] generating ...")
             start = time.perf_counter()
-            tokens, text = [], []
+            tokens = []
             for delta in dec.stream([prompt], params):  # the answer as it is generated
                 tokens += delta.token_ids
-                text.append(delta.text or "")
                 if name != "target-only":
                     print(delta.text or "", end="", flush=True)
                 if delta.finish_reason is not None:

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from _bench_common import SpecDecoder, sync, warm_up  # noqa: E402
+from bench_e2e import heldout_ids, random_ids, smollm2_assets, tiny_assets  # noqa: E402
 
 from specdec import SamplingParams, SpecConfig  # noqa: E402
 from specdec.models import load_target  # noqa: E402
@@ -69,26 +70,12 @@ def run_setup(name, target, heads, prompts, new_tokens, max_seq_len) -> dict:
 
 
 def assets(quick: bool):
-    import importlib.resources
-
-    from specdec.models import smollm2_gguf_path
-
-    if quick:
-        from bench_e2e import tiny_assets
-
-        return tiny_assets(Path(tempfile.mkdtemp(prefix="gpu_smoke_")))
-    root = importlib.resources.files("specdec") / "assets/heads"
-    return smollm2_gguf_path(), {"eagle3": Path(str(root / "smollm2-eagle3")), "mtp": Path(str(root / "smollm2-mtp"))}
+    """(target path, head paths): the shipped SmolLM2 and heads, or tiny random ones (--quick)."""
+    return tiny_assets(Path(tempfile.mkdtemp(prefix="gpu_smoke_"))) if quick else smollm2_assets()
 
 
 def prompt_ids(target, n: int, quick: bool) -> list[list[int]]:
-    if quick:
-        from bench_e2e import random_ids
-
-        return random_ids(target.info.vocab_size, n)
-    from specdec.train.prompts import encode_prompt, frozen_heldout_prompts
-
-    return [encode_prompt(p, target.tokenizer, target.info.vocab_size) for p in frozen_heldout_prompts(n)]
+    return random_ids(target.info.vocab_size, n) if quick else heldout_ids(target, n)
 
 
 def main() -> int:

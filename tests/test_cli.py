@@ -13,47 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
-import specdec.models
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.cli import _Printer, command, head_kind, main, resolve_draft
-from specdec.drafters.eagle3_checkpoint import save_eagle3
+from specdec.cli import _Printer, command, head_kind, resolve_draft
 from specdec.models import load_target
 
-from _chat_tokenizer import save_chat_tokenizer
-from _eagle3_heads import random_head
+from _cli_world import no_loading, run, tiny  # noqa: F401  (fixtures)
 from _mtp_heads import e2e_cpu  # noqa: F401  (a fixture)
-from _tiny_models import make_checkpoint
 
 pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
               pytest.mark.filterwarnings("ignore:drafter='eagle3' accepts almost nothing:UserWarning")]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    target = tmp_path_factory.mktemp("cli_target")
-    make_checkpoint("llama", target, num_hidden_layers=6)
-    save_chat_tokenizer(target)
-    head = tmp_path_factory.mktemp("cli_head")
-    save_eagle3(random_head(hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 2, 3)), head)
-    return SimpleNamespace(target=str(target), head=str(head))
-
-
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def no_loading(monkeypatch):
-    """Fail the test if any target weights are loaded."""
-    def refuse(*a, **k):
-        raise AssertionError("weights were loaded before the flags were checked")
-
-    monkeypatch.setattr(specdec.models, "load_target", refuse)
 
 
 @pytest.mark.parametrize(

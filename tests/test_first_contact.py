@@ -15,53 +15,20 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 import specdec.cli as cli
-import specdec.models
 from specdec import ConfigError, SpecConfig, SpecDecoder
 from specdec.cpu_threads import auto_threads
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
-from _chat_tokenizer import save_chat_tokenizer
-from _eagle3_heads import random_head
+from _cli_world import no_loading, run, tiny  # noqa: F401  (fixtures)
 from _mtp_heads import e2e_cpu  # noqa: F401  (a fixture)
-from _tiny_models import make_checkpoint
 
 pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
               pytest.mark.filterwarnings("ignore:drafter='eagle3' accepts almost nothing:UserWarning")]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    target = tmp_path_factory.mktemp("fc_target")
-    make_checkpoint("llama", target, num_hidden_layers=6)
-    save_chat_tokenizer(target)
-    head = tmp_path_factory.mktemp("fc_head")
-    save_eagle3(random_head(hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 2, 3)), head)
-    return SimpleNamespace(target=str(target), head=str(head))
-
-
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:  # argparse
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def no_loading(monkeypatch):
-    def refuse(*a, **k):
-        raise AssertionError("weights were loaded before the flags were checked")
-
-    monkeypatch.setattr(specdec.models, "load_target", refuse)
-    monkeypatch.setattr(SpecDecoder, "from_pretrained", refuse)
 
 
 # ----------------------------------------------------------------------------- 1. threads

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 import torch  # noqa: E402
@@ -27,6 +28,7 @@ import specdec  # noqa: E402
 from specdec import SamplingParams, SpecConfig, SpecDecoder  # noqa: E402
 from specdec.drafters.eagle3_checkpoint import save_eagle3  # noqa: E402
 from specdec.server import build_app  # noqa: E402
+from specdec.testing.kit import references_on_cpu  # noqa: E402
 
 from _chat_tokenizer import save_chat_tokenizer  # noqa: E402
 from _eagle3_heads import random_head  # noqa: E402
@@ -42,13 +44,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def _serving(decoder, model_name: str):
+    """`build_app(decoder)` behind uvicorn in a thread; yields (base URL, an openai client) once
+    /health answers, and stops the server after. On the CPU the ops run their torch references
+    (as in _mtp_heads.e2e_cpu)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with references_on_cpu(device):
+        port = _free_port()
+        srv = uvicorn.Server(uvicorn.Config(build_app(decoder, model_name=model_name), host="127.0.0.1", port=port,
+                                            log_level="warning"))
+        thread = threading.Thread(target=srv.run, daemon=True)
+        thread.start()
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        try:
+            yield base, openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        finally:
+            srv.should_exit = True
+            thread.join(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import os
-
-    before = os.environ.get("TRITON_INTERPRET")
-    if not torch.cuda.is_available():  # the ops' torch references, as in _mtp_heads.e2e_cpu
-        os.environ["TRITON_INTERPRET"] = "0"
     folder = tmp_path_factory.mktemp("chatllama")
     make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
     save_chat_tokenizer(folder)
@@ -59,24 +82,8 @@ def server(tmp_path_factory):
     target = specdec.load_target(folder)
     dec = SpecDecoder.from_pretrained(target, head, config)
     ref = SpecDecoder.from_pretrained(target, head, config)  # its own engine, for reference answers
-    app = build_app(dec, model_name="tiny")
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield dict(dec=dec, ref=ref, base=base, client=client, tok=dec.target.tokenizer)
-    srv.should_exit = True
-    thread.join(timeout=10)
-    if before is not None:
-        os.environ["TRITON_INTERPRET"] = before
+    with _serving(dec, "tiny") as (base, client):
+        yield dict(dec=dec, ref=ref, base=base, client=client, tok=dec.target.tokenizer)
 
 
 def _expected_text(server, ids: list[int], n: int) -> str:
@@ -264,14 +271,9 @@ def test_several_stop_strings_cut_at_the_earliest_match_streamed_or_not(server):
 @pytest.fixture(scope="module")
 def bpe_server(tmp_path_factory):
     """A target whose tokenizer is byte-level BPE (characters split across tokens), served."""
-    import os
-
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    before = os.environ.get("TRITON_INTERPRET")
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "0"
     folder = tmp_path_factory.mktemp("bpe")
     corpus = ["héllo wörld, ça va? 世界你好 🎉 naïve café", "日本語のテキスト and plain words", "€ ± µ ß ñ"] * 20
     bpe = ByteLevelBPETokenizer()
@@ -283,23 +285,8 @@ def bpe_server(tmp_path_factory):
                                       SpecConfig(verifier="target-only", max_batch_size=2, max_seq_len=96))
     ref = SpecDecoder.from_pretrained(specdec.load_target(folder), None,
                                       SpecConfig(verifier="target-only", max_batch_size=2, max_seq_len=96))
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(dec, model_name="bpe"), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield dict(base=base, tok=tok, ref=ref,
-               client=openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120))
-    srv.should_exit = True
-    thread.join(timeout=10)
-    if before is not None:
-        os.environ["TRITON_INTERPRET"] = before
+    with _serving(dec, "bpe") as (base, client):
+        yield dict(base=base, tok=tok, ref=ref, client=client)
 
 
 @pytest.mark.parametrize("prompt", ["ça va? 世界", "naïve 🎉", "日本語"])

@@ -147,7 +147,7 @@ class AsyncEngine:
                 continue
             text = st.detok.push(new, final=request.finished)
             reason = request.finish_reason if request.finished else None
-            stats = self.decoder._result(request, [], time.perf_counter() - st.started).stats if request.finished else None
+            stats = self.decoder._stats(request, time.perf_counter() - st.started) if request.finished else None
             self._send(st, StreamDelta(st.index, new, text, reason, request.error, stats))
             if request.finished:
                 self.completed += 1

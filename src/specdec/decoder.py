@@ -371,7 +371,7 @@ class SpecDecoder:
                     sent[i] = len(r.token_ids)
                     if new or r.finished:
                         text = detok[i].push(new, final=r.finished)
-                        stats = self._result(r, encoded[i], time.perf_counter() - start).stats if r.finished else None
+                        stats = self._stats(r, time.perf_counter() - start) if r.finished else None
                         yield StreamDelta(i, new, text, r.finish_reason if r.finished else None, r.error, stats)
         finally:
             for request in requests:
@@ -415,17 +415,20 @@ class SpecDecoder:
         return self._async
 
     def _result(self, req, ids: list[int], seconds: float) -> GenerationResult:
+        tok = self.target.tokenizer
+        text = tok.decode(req.token_ids, skip_special_tokens=True) if tok is not None else None
+        return GenerationResult(req.token_ids, text, self._stats(req, seconds), ids)
+
+    def _stats(self, req, seconds: float) -> GenerationStats:
+        """A request's `GenerationStats` (streams carry them on their last delta, without the text)."""
         steps = len(req.accepted_per_step)
         emitted_after_prefill = len(req.token_ids) - 1
         mean = emitted_after_prefill / steps if steps else None
-        tok = self.target.tokenizer
-        text = tok.decode(req.token_ids, skip_special_tokens=True) if tok is not None else None
-        stats = GenerationStats(
+        return GenerationStats(
             steps, list(req.accepted_per_step), mean, self.strategies.verifier_caps.lossless, req.finish_reason,
             seconds, error=req.error, acceptance_by_depth=acceptance_by_depth(req.accepted_per_step, req.budget_per_step),
             preemptions=req.preemptions,
         )
-        return GenerationResult(req.token_ids, text, stats, ids)
 
     def _warn_if_drafts_are_never_accepted(self, requests) -> None:
         """A drafter that proposes but almost never gets a token accepted is usually a head

@@ -90,7 +90,8 @@ class StopMatcher:
 
     def push(self, piece: str) -> tuple[str, bool]:
         self.text += piece
-        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        # a match starts in the unsent text: any tail that could begin one was held back
+        hits = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
         if hits:
             out, self.sent = self.text[self.sent : min(hits)], len(self.text)
             return out, True
@@ -190,8 +191,8 @@ def build_app(decoder, *, model_name: str = "specdec"):
         return ids, params, stops, stream
 
     async def run(ids, params, stops, record: dict):
-        """Yield (text piece, new token count, finish reason or None, error) until the end;
-        `record` collects the completion tokens and the request's stats (the access log's)."""
+        """Yield (text piece, finish reason or None, error) until the end; `record` collects the
+        completion tokens and the request's stats (usage and the access log)."""
         matcher, done = StopMatcher(stops), False
         async with aclosing(engine.stream(ids, params)) as deltas:
             async for delta in deltas:
@@ -201,14 +202,14 @@ def build_app(decoder, *, model_name: str = "specdec"):
                 if matcher.stops:
                     piece, hit = matcher.push(piece)
                     if hit:
-                        yield piece, len(delta.token_ids), "stop", None
+                        yield piece, "stop", None
                         return  # closing the stream aborts the engine request
                     if delta.finish_reason is not None:
                         piece += matcher.flush()
-                yield piece, len(delta.token_ids), _finish_reason(delta.finish_reason), delta.error
+                yield piece, _finish_reason(delta.finish_reason), delta.error
                 done = delta.finish_reason is not None
         if not done:
-            yield "", 0, "stop", None
+            yield "", "stop", None
 
     async def handle(request: Request, chat: bool):
         counters["requests"] += 1
@@ -240,7 +241,7 @@ def build_app(decoder, *, model_name: str = "specdec"):
                 status = 200
                 try:
                     async with aclosing(run(ids, params, stops, record)) as pieces:
-                        async for piece, _, reason, err in pieces:
+                        async for piece, reason, err in pieces:
                             if err is not None:
                                 status = 500
                                 yield f"data: {json.dumps({'error': {'message': err, 'type': 'server_error'}})}\n\n"
@@ -254,17 +255,17 @@ def build_app(decoder, *, model_name: str = "specdec"):
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        pieces, count, reason, err = [], 0, None, None
+        pieces, reason, err = [], None, None
         async with aclosing(run(ids, params, stops, record)) as parts:
-            async for piece, n, r, e in parts:
+            async for piece, r, e in parts:
                 pieces.append(piece)
-                count += n
                 reason, err = r or reason, e or err
                 if r is not None:
                     break
         if err is not None:
             access(request, 500, started, len(ids), record["completion"], record["stats"])
             return JSONResponse({"error": {"message": err, "type": "server_error", "param": None, "code": None}}, 500)
+        count = record["completion"]
         access(request, 200, started, len(ids), count, record["stats"])
         usage = {"prompt_tokens": len(ids), "completion_tokens": count, "total_tokens": len(ids) + count}
         return JSONResponse(envelope([choice("".join(pieces), reason or "stop", False)], False, usage))
