@@ -1,14 +1,19 @@
-"""Adaptive speculation (`SpecConfig(adaptive=True)`): greedy output stays exactly target-only
-whichever step runs, a drafter that is never accepted ends up running plain steps, an oracle
-drafter keeps speculating, and the cost model holds both steps of every bucket."""
+"""Adaptive speculation in the engine (`SpecConfig(adaptive=True)`): greedy output stays exactly
+target-only whichever step runs (the rule's own choices, and random ones), a drafter that is
+never accepted ends up running plain steps, an oracle drafter keeps speculating, the cost
+model holds both steps of every bucket, and every decision reaches a step observer with its
+prediction and its measured outcome. The rule alone: test_adaptive_rule.py."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
+from specdec.adaptive import DecisionLog, StepCosts
 from specdec.drafters.eagle3_checkpoint import save_eagle3
 
 from _eagle3_heads import random_head
@@ -54,21 +59,105 @@ def test_adaptive_greedy_output_equals_target_only(targets, target, draft, cfg):
     plain = _run(SpecDecoder(t, SpecConfig(**BASE, drafter="none")))
     dec = SpecDecoder.from_pretrained(t, head, SpecConfig(**BASE, **cfg, adaptive=True))
     dec.warmup(progress=False)
-    assert sorted(dec.engine.costs.seconds) == [(b, v) for b in (1, 2) for v in (False, True)]
+    variants = ["deferred", "plain", "speculative"] if draft in ("eagle3", "oracle") else ["plain", "speculative"]
+    assert sorted(dec.engine.adaptive_rule.costs.warm) == [(b, v) for b in (1, 2) for v in variants]
     assert _run(dec) == plain
 
 
-def test_a_never_accepted_drafter_runs_mostly_plain_steps_and_an_oracle_mostly_speculates(targets):
+class PlantedCosts(StepCosts):
+    """Step seconds fixed by the test (as at a large batch: the speculative step dearer), so the
+    decisions follow acceptance and not this machine's timing noise."""
+
+    def __init__(self, speculative: float, plain: float) -> None:
+        super().__init__()
+        self.fixed = {"speculative": speculative, "plain": plain, "deferred": plain}
+
+    def __call__(self, bucket, variant):
+        return self.fixed[variant]
+
+
+def test_a_never_accepted_drafter_runs_plain_steps_and_an_oracle_speculates(targets):
     never = SpecDecoder.from_pretrained(targets["llama"], random_mtp(seed=0), SpecConfig(**BASE, drafter="mtp", max_draft_len=4, adaptive=True))
     oracle = SpecDecoder.from_pretrained(targets["bigram"], bigram_oracle_mtp(), SpecConfig(**BASE, drafter="mtp", max_draft_len=4, adaptive=True))
     for dec in (never, oracle):
         dec.warmup(progress=False)
-        # the measured costs decide; make the speculative step clearly dearer than the plain one
-        # (as at a large batch) so the decision follows acceptance, not CPU timing noise
-        for (b, spec), sec in list(dec.engine.costs.seconds.items()):
-            dec.engine.costs.seconds[(b, spec)] = 2.0 if spec else 1.0
+        dec.engine.adaptive_rule.costs = PlantedCosts(speculative=2.0, plain=1.0)
         _run(dec, n=60)
-    n_spec, n_plain = never.engine.policy.decisions[True], never.engine.policy.decisions[False]
-    assert n_plain > 2 * n_spec, never.engine.policy.decisions  # probes only, once the estimate fell
-    o_spec, o_plain = oracle.engine.policy.decisions[True], oracle.engine.policy.decisions[False]
-    assert o_spec > 4 * o_plain, oracle.engine.policy.decisions
+    n_spec, n_plain = never.engine.adaptive_rule.decisions[True], never.engine.adaptive_rule.decisions[False]
+    # 5 prompts x 60 tokens on 2 slots: ~150 plain steps; speculative: the first (optimistic)
+    # steps and the probes, whose interval doubles from 4 while they keep confirming plain
+    assert n_plain > 10 * n_spec, never.engine.adaptive_rule.decisions
+    o_spec, o_plain = oracle.engine.adaptive_rule.decisions[True], oracle.engine.adaptive_rule.decisions[False]
+    assert o_plain <= never.engine.adaptive_rule.probes and o_spec > 6 * o_plain, oracle.engine.adaptive_rule.decisions
+
+
+def test_greedy_output_is_exact_whatever_the_rule_decides(targets):
+    """Random decisions (a seeded coin per step) switch between the speculative and the plain
+    step at every point a request can be in; the output stays target-only's."""
+    plain = _run(SpecDecoder(targets["llama"], SpecConfig(**BASE, drafter="none")))
+    for cfg in (dict(drafter="eagle3", max_draft_len=3), dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3)):
+        dec = SpecDecoder.from_pretrained(targets["llama"], targets["head"], SpecConfig(**BASE, **cfg, adaptive=True))
+        dec.warmup(progress=False)
+        coin = random.Random(7)
+        rule = dec.engine.adaptive_rule
+        rule.choose = lambda bucket, running, plain: coin.random() < 0.5
+        assert _run(dec) == plain
+        assert rule.last is None  # the planted choose bypassed the rule
+
+
+def test_every_decision_reaches_an_observer_with_its_prediction_and_outcome(targets):
+    dec = SpecDecoder.from_pretrained(targets["llama"], targets["head"], SpecConfig(**BASE, drafter="eagle3", max_draft_len=3, adaptive=True))
+    dec.warmup(progress=False)
+    log = DecisionLog()
+    dec.add_observer(log)
+    results = dec.generate(PROMPTS[:2], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    steps = len(results[0].stats.accepted_per_step)
+    assert len(log.decisions) == steps == len(results[1].stats.accepted_per_step)  # 2 prompts, 2 slots: in lockstep
+    for i, d in enumerate(log.decisions):
+        assert d.bucket == 2 and d.requests == 2
+        assert d.tokens[False] == 2.0 and 2.0 <= d.tokens[True] <= 2 * 4  # 1 + up to 3 drafts per request
+        emitted = sum(r.stats.accepted_per_step[i] + 1 for r in results)
+        assert d.measured_tokens == emitted and d.measured_seconds > 0
+        assert d.speculative or all(r.stats.accepted_per_step[i] == 0 for r in results)
+    rows = log.summary()
+    assert sum(r["steps"] for r in rows) == steps
+    # every token after the prefill's first came from a step (the last step may overshoot the length)
+    assert sum(r["tokens"] for r in rows) >= sum(len(r.token_ids) - 1 for r in results)
+
+
+@pytest.mark.parametrize("cfg", [dict(max_draft_len=3), dict(tree="dynamic", topk=3, max_draft_len=3)], ids=["chain", "tree"])
+def test_deferred_plain_steps_leave_the_drafter_where_ingesting_ones_do(targets, cfg):
+    """Plain steps that skip the drafter (their tokens join the path it ingests later) must
+    feed it exactly what plain steps that run it do: under one forced decision sequence, the
+    drafter's state after every speculative step (which has ingested everything) agrees with
+    that of an engine whose plain steps all ingest, and so do the outputs."""
+    pattern = "PPPPPSPSSPPPPPPPPSPPSPPPSSS" * 4
+
+    def run(defer: bool):
+        dec = SpecDecoder.from_pretrained(targets["llama"], targets["head"], SpecConfig(**BASE, drafter="eagle3", **cfg, adaptive=True))
+        engine = dec.engine
+        if not defer:
+            engine.defer_depth = None
+        dec.warmup(progress=False)
+        decisions = iter(pattern)
+        kinds, states = [], []
+        engine.adaptive_rule.choose = lambda bucket, running, plain: (kinds.append(plain), next(decisions) == "S")[1]
+        drafter = engine.strategies.drafter
+
+        class AfterSpeculativeSteps:
+            def on_step(self, engine, accept_length):
+                if pattern[len(kinds) - 1] == "S":
+                    states.append((drafter.root_logits[:2].clone(), drafter.ctx_hidden[:2].clone()))
+
+        dec.add_observer(AfterSpeculativeSteps())
+        out = dec.generate(PROMPTS[:2], SamplingParams(max_new_tokens=60, ignore_eos=True))
+        return out, kinds, states
+
+    (ref, ref_kinds, ref_states), (got, kinds, states) = run(False), run(True)
+    assert set(ref_kinds) == {"plain"} and "deferred" in kinds and "plain" in kinds  # runs of 5+ plain steps hit the depth
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref]
+    assert [r.stats.accepted_per_step for r in got] == [r.stats.accepted_per_step for r in ref]
+    assert len(states) == len(ref_states) >= 10
+    for (logits, ctx), (ref_logits, ref_ctx) in zip(states, ref_states):
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ctx, ref_ctx, rtol=1e-4, atol=1e-4)

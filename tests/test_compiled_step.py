@@ -224,3 +224,21 @@ def test_a_thousand_tokens_after_warmup_capture_and_compile_nothing_new(request)
             prompts = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in lengths]
             total += sum(len(t) for t in run(dec, prompts, [40, 25, 33]))
     assert dec.engine.capture_count == captured
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ["eagle3-chain", "eagle3-tree", "mtp-oracle-chain"])
+def test_adaptive_steps_in_cuda_graphs_give_the_eager_tokens(request, name):
+    """Adaptive: three captured variants per bucket (speculative, plain, deferred plain),
+    switched by a seeded coin so every variant follows every other; tokens equal the eager
+    (fixed) decoder's and no step syncs with the host."""
+    import random
+
+    eager = run(decoder(request, name, compile=False, cuda_graphs=False))
+    dec = decoder(request, name, compile=True, cuda_graphs=True, adaptive=True)
+    dec.warmup(progress=False)
+    assert dec.engine.capture_count == 3 * len(dec.config.batch_buckets)
+    coin = random.Random(3)
+    dec.engine.adaptive_rule.choose = lambda bucket, running, plain: coin.random() < 0.4
+    dec.engine.check_syncs = True
+    assert run(dec) == eager

@@ -1,89 +1,248 @@
-"""Adaptive speculation: per step, speculate only when the measured costs say it pays.
+"""Adaptive speculation: before each step, run the variant that is expected to emit the most
+tokens per second.
 
 Why: at a small batch the target forward is bound by memory, and verifying a tree of N rows
 costs little more than decoding one row, so speculation multiplies throughput; at a large
-batch the forward becomes bound by arithmetic, N rows per request cost N times more, and
-speculation loses throughput unless acceptance is high (the most reported complaint about
-speculative decoding under concurrency). So the engine keeps two steps per batch bucket:
-the full speculative step and a plain step (the drafter only ingests the accepted tokens,
-so its KV stays current, and the target verifies the root alone), times both at
-`warmup()`, and before each step compares
+batch the forward becomes bound by arithmetic, N rows per request cost up to N times more,
+and speculation loses throughput unless acceptance is high. So the engine keeps, per batch
+bucket, the speculative step and plain ones (the target verifies the root alone): `plain`
+runs the drafter to ingest the path it has not seen (so its KV stays current), `deferred`
+does not run the drafter at all and appends its token to that path instead, as if the last
+step had accepted one more draft; the engine runs `deferred` while every path stays within
+the drafter's depth, so the drafter runs once per D + 1 plain steps and a run of plain steps
+costs what target-only steps cost. Per step it picks
 
-    speculative: sum over running requests of E[tokens per step] / T_full(bucket)
-    plain:       number of running requests                      / T_plain(bucket)
+    argmax over v in {speculative, the plain step due} of  E[tokens of step v] / E[seconds of step v]
 
-where E[tokens per step] is each request's running mean (an exponential average of the
-tokens its speculative steps emitted, started optimistic and refreshed by a speculative
-probe every `PROBE_EVERY` plain steps) and T the step times, measured at warm-up on idle
-slots and then refined by every step's measured time. The cheaper one per generated token
-runs.
+- **Tokens.** A plain step emits one token per running request. A speculative step emits
+  `1 + sum_{d <= L} prod_{i <= d} p_i` per request, where p_i is the request's acceptance
+  at depth i given depth i-1 was accepted, and L the depth its draft budget reaches
+  (`DepthAcceptance`, with exponential forgetting so a collapse shows within a few steps).
+  A request with no history borrows the engine-wide estimate (pooled over every request
+  served so far, optimistic before the first speculative step).
+- **Seconds.** The measured step time of that variant in that bucket (`StepCosts`): the
+  median of its last live steps (host time, hand-off included), or, before it has run live,
+  its warm-up time scaled by how far the live steps of the bucket's other variants ran from
+  their warm-up times (warm-up times idle slots; live steps also attend over real contexts).
+- **Exploration.** The variant that is not chosen gets no fresh measurements, so after
+  `interval` steps of one variant in a bucket the other runs once (a probe). A probe that
+  leaves the choice unchanged doubles that bucket's interval (up to `MAX_INTERVAL`), one
+  that flips it resets the interval: when the decision is clear, probes become rare.
+
+The per-slot draft budget is not a candidate of its own: one captured graph serves every
+budget of a bucket at one cost, so a request's own budget (`num_draft_tokens`) is always
+the best one for it. Every decision (inputs, prediction, then the measured outcome) is
+kept in `AdaptiveRule.last` for step observers.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["CostModel", "AdaptivePolicy", "PROBE_EVERY"]
+__all__ = ["AdaptiveRule", "Decision", "DecisionLog", "DepthAcceptance", "StepCosts", "SPECULATIVE", "PLAIN", "DEFERRED"]
 
-PROBE_EVERY = 8  # a speculative step after this many plain ones refreshes the acceptance estimates
-EMA_WEIGHT = 0.3  # weight of the newest speculative step in a request's running mean
-MARGIN = 1.02  # speculate only when it is at least 2% cheaper per token
+SPECULATIVE, PLAIN, DEFERRED = "speculative", "plain", "deferred"  # the step variants
+
+FORGET = 0.7  # a request's per-depth counts decay by this per speculative step (half-life ~2 steps)
+POOL_FORGET = 0.98  # the engine-wide prior forgets slowly (half-life ~35 observations)
+WINDOW = 16  # live step times per (bucket, variant) the median is taken over
+FIRST_INTERVAL = 4  # steps of one variant before the other is probed, right after a flip
+MAX_INTERVAL = 256  # probes never get rarer than this
+
+
+class DepthAcceptance:
+    """Per-depth acceptance of one request (or the pool): p_d = P(depth d accepted | d - 1 was).
+
+    Counts decay by `forget` per observation; `prior` (another `DepthAcceptance`, read at
+    query time) adds one pseudo-observation per depth, so a fresh estimate is the prior's.
+    """
+
+    def __init__(self, depth: int, forget: float, prior: "DepthAcceptance | None" = None) -> None:
+        self.depth = depth
+        self.forget = forget
+        self.prior = prior
+        self.reached = [0.0] * depth  # [D] decayed count of steps that drafted depth d with d - 1 accepted
+        self.accepted = [0.0] * depth  # [D] of those, the ones that accepted depth d
+
+    def observe(self, accept_length: int, depth_limit: int) -> None:
+        """One speculative step that drafted up to `depth_limit` and accepted `accept_length`."""
+        if not 0 <= accept_length <= depth_limit <= self.depth:
+            raise ValueError(f"accept_length={accept_length} must lie in [0, depth_limit={depth_limit}], "
+                             f"depth_limit in [0, {self.depth}]")
+        for d in range(min(accept_length + 1, depth_limit)):  # depths 1 .. a+1 were tried
+            self.reached[d] = self.forget * self.reached[d] + 1.0
+            self.accepted[d] = self.forget * self.accepted[d] + (1.0 if d < accept_length else 0.0)
+
+    def p(self, d: int) -> float:
+        """Acceptance at depth d (1-based) given depth d - 1 was accepted."""
+        prior = 1.0 if self.prior is None else self.prior.p(d)  # optimistic before any evidence
+        return (self.accepted[d - 1] + prior) / (self.reached[d - 1] + 1.0)
+
+    def expected_tokens(self, depth_limit: int) -> float:
+        """Tokens a speculative step emits in expectation: the accepted drafts plus the bonus."""
+        total, survive = 1.0, 1.0
+        for d in range(1, depth_limit + 1):
+            survive *= self.p(d)
+            total += survive
+        return total
 
 
 @dataclass
-class CostModel:
-    """Measured seconds of a step per (bucket, speculative?)."""
+class StepCosts:
+    """Seconds of a step per (bucket, variant): warm-up medians, then live medians."""
 
-    seconds: dict[tuple[int, bool], float] = field(default_factory=dict)
+    warm: dict[tuple[int, str], float] = field(default_factory=dict)
+    live: dict[tuple[int, str], deque] = field(default_factory=dict)
 
-    def record(self, bucket: int, speculative: bool, samples: list[float]) -> None:
-        self.seconds[(bucket, speculative)] = statistics.median(samples)
+    def record(self, bucket: int, variant: str, samples: list[float]) -> None:
+        """Warm-up: `samples` seconds of the variant on idle slots."""
+        self.warm[(bucket, variant)] = statistics.median(samples)
 
-    def update(self, bucket: int, speculative: bool, seconds: float, weight: float = 0.1) -> None:
-        """Fold a measured step (host time, hand-off included) into the estimate: warm-up times
-        idle slots, live steps also pay attention over real contexts."""
-        key = (bucket, speculative)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else (1 - weight) * old + weight * seconds
+    def update(self, bucket: int, variant: str, seconds: float) -> None:
+        """A live step's host time (step start to hand-off)."""
+        self.live.setdefault((bucket, variant), deque(maxlen=WINDOW)).append(seconds)
 
-    def __call__(self, bucket: int, speculative: bool) -> float:
-        return self.seconds[(bucket, speculative)]
+    def __call__(self, bucket: int, variant: str) -> float:
+        key = (bucket, variant)
+        if self.live.get(key):
+            return statistics.median(self.live[key])
+        if key not in self.warm:
+            raise KeyError(f"no step time for bucket {bucket} ({variant}): call warmup() first")
+        # live / warm-up of the variants of this bucket that ran live: how far live steps drift
+        ratios = [statistics.median(q) / self.warm[k] for k, q in self.live.items() if k[0] == bucket and q and k in self.warm]
+        return self.warm[key] * (statistics.median(ratios) if ratios else 1.0)
 
-    def table(self) -> list[tuple[int, float, float]]:
-        """(bucket, speculative seconds, plain seconds) rows, for reports."""
-        buckets = sorted({b for b, _ in self.seconds})
-        return [(b, self.seconds.get((b, True), float("nan")), self.seconds.get((b, False), float("nan"))) for b in buckets]
+    def table(self) -> list[tuple]:
+        """(bucket, {variant: seconds}) rows: the current estimates."""
+        keys = sorted(set(self.warm) | set(self.live))
+        return [(b, {v: self(b, v) for bb, v in keys if bb == b}) for b in sorted({b for b, _ in keys})]
 
 
-class AdaptivePolicy:
-    """Chooses speculative or plain for each step (host side, no device work)."""
+@dataclass
+class Decision:
+    """One step's choice: the inputs, the prediction, and (after the step) what happened."""
 
-    def __init__(self, costs: CostModel, max_tokens_per_step: int) -> None:
-        self.costs = costs
-        self.prior = float(max_tokens_per_step)  # optimistic start: the whole draft accepted
-        self.plain_run = 0
+    bucket: int
+    speculative: bool
+    plain: str  # the plain step that was due (PLAIN or DEFERRED)
+    probe: bool  # run to refresh the other variant's estimates, against the prediction
+    requests: int  # running requests in the step
+    tokens: dict[bool, float]  # predicted tokens, speculative (True) and plain (False)
+    seconds: dict[bool, float]  # predicted seconds, speculative (True) and plain (False)
+    measured_tokens: int | None = None
+    measured_seconds: float | None = None
+
+    def predicted_rate(self, speculative: bool | None = None) -> float:
+        v = self.speculative if speculative is None else speculative
+        return self.tokens[v] / self.seconds[v]
+
+    @property
+    def measured_rate(self) -> float | None:
+        if self.measured_tokens is None or not self.measured_seconds:
+            return None
+        return self.measured_tokens / self.measured_seconds
+
+
+class AdaptiveRule:
+    """Chooses the speculative or the plain step before each step (host side, no device work)."""
+
+    def __init__(self, max_depth: int, chain: bool, full_budget: int) -> None:
+        self.max_depth = max_depth  # D: the deepest draft a step verifies
+        self.chain = chain  # one draft per depth, so a budget of k drafts reaches depth k
+        self.full_budget = full_budget  # N - 1 draft tokens
+        self.costs = StepCosts()
+        self.pool = DepthAcceptance(max_depth, POOL_FORGET)
         self.decisions = {True: 0, False: 0}
+        self.probes = 0
+        self.last: Decision | None = None
+        self._run: dict[int, tuple[bool, int]] = {}  # bucket -> (variant, steps in a row)
+        self._interval: dict[int, int] = {}  # bucket -> steps before the next probe
+        self._probed: dict[int, bool] = {}  # bucket -> the choice a pending probe went against
 
-    def estimate(self, request) -> float:
+    def depth_limit(self, request) -> int:
+        """How deep `request`'s draft budget lets a step draft."""
+        if request.budget == self.full_budget:
+            return self.max_depth
+        return min(request.budget, self.max_depth)  # a tree's k drafts reach at most depth k
+
+    def estimate(self, request) -> "DepthAcceptance":
+        if request.acceptance is None:
+            request.acceptance = DepthAcceptance(self.max_depth, FORGET, prior=self.pool)
+        return request.acceptance
+
+    def expected_tokens(self, request) -> float:
         if request.budget == 0:
             return 1.0
-        return self.prior if request.tokens_per_step is None else request.tokens_per_step
+        return self.estimate(request).expected_tokens(self.depth_limit(request))
 
-    def choose(self, bucket: int, running: list) -> bool:
-        """True: run the speculative step for these requests; False: the plain one."""
-        if self.plain_run >= PROBE_EVERY:
-            speculative = True
-        else:
-            gain = sum(self.estimate(r) for r in running) / self.costs(bucket, True)
-            plain = len(running) / self.costs(bucket, False)
-            speculative = gain >= MARGIN * plain
-        self.plain_run = 0 if speculative else self.plain_run + 1
-        self.decisions[speculative] += 1
-        return speculative
+    def choose(self, bucket: int, running: list, plain: str = PLAIN) -> bool:
+        """True: run the speculative step for `running` (the requests in `bucket`); False: the
+        plain step that is due (`plain`: PLAIN, or DEFERRED while the drafter may skip)."""
+        tokens = {True: sum(self.expected_tokens(r) for r in running), False: float(len(running))}
+        seconds = {True: self.costs(bucket, SPECULATIVE), False: self.costs(bucket, plain)}
+        best = tokens[True] / seconds[True] > tokens[False] / seconds[False]
+        if bucket in self._probed:  # the step after a probe: did it change the choice?
+            went_against = self._probed.pop(bucket)
+            interval = self._interval.get(bucket, FIRST_INTERVAL)
+            self._interval[bucket] = min(2 * interval, MAX_INTERVAL) if best == went_against else FIRST_INTERVAL
+        variant, run = self._run.get(bucket, (best, 0))
+        probe = variant == best and run >= self._interval.get(bucket, FIRST_INTERVAL)
+        choice = (not best) if probe else best
+        if probe:
+            self._probed[bucket] = best
+            self.probes += 1
+        self._run[bucket] = (choice, run + 1 if choice == variant else 1)
+        self.decisions[choice] += 1
+        self.last = Decision(bucket, choice, plain, probe, len(running), tokens, seconds)
+        return choice
 
-    @staticmethod
-    def observe(request, emitted: int) -> None:
-        """After a speculative step: fold the tokens it emitted into the request's mean."""
-        old = request.tokens_per_step
-        request.tokens_per_step = float(emitted) if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * emitted
+    def observe(self, request, accept_length: int) -> None:
+        """After a speculative step: fold `request`'s accepted length into its and the pool's estimates."""
+        if request.budget == 0:
+            return
+        limit = self.depth_limit(request)
+        self.estimate(request).observe(accept_length, limit)
+        self.pool.observe(accept_length, limit)
+
+    def measured(self, bucket: int, variant: str, tokens: int, seconds: float) -> None:
+        """After the step: the variant that ran, its emitted tokens and host seconds (the cost
+        model's live sample)."""
+        self.costs.update(bucket, variant, seconds)
+        if self.last is not None:
+            self.last.measured_tokens, self.last.measured_seconds = tokens, seconds
+
+
+class DecisionLog:
+    """Step observer that keeps every adaptive decision, so a wrong one can be read off.
+
+        log = DecisionLog(); decoder.add_observer(log); decoder.generate(...); print(log.summary())
+    """
+
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
+
+    def on_step(self, engine, accept_length: list[int]) -> None:
+        rule = engine.adaptive_rule
+        if rule is not None and rule.last is not None:
+            self.decisions.append(rule.last)
+
+    def summary(self) -> list[dict]:
+        """Per (bucket, variant): steps, probes, predicted and measured tok/s (totals over its steps)."""
+        rows: dict[tuple[int, str], dict] = {}
+        for d in self.decisions:
+            variant = SPECULATIVE if d.speculative else d.plain
+            row = rows.setdefault((d.bucket, variant), dict(
+                bucket=d.bucket, variant=variant, steps=0, probes=0,
+                predicted_tokens=0.0, predicted_seconds=0.0, tokens=0, seconds=0.0))
+            row["steps"] += 1
+            row["probes"] += d.probe
+            row["predicted_tokens"] += d.tokens[d.speculative]
+            row["predicted_seconds"] += d.seconds[d.speculative]
+            row["tokens"] += d.measured_tokens or 0
+            row["seconds"] += d.measured_seconds or 0.0
+        for row in rows.values():
+            row["predicted_tok_s"] = row["predicted_tokens"] / row["predicted_seconds"]
+            row["measured_tok_s"] = row["tokens"] / row["seconds"] if row["seconds"] else float("nan")
+        return [rows[k] for k in sorted(rows)]

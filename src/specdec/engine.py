@@ -42,7 +42,7 @@ from collections import deque
 from .config import ConfigError, SamplingParams, SpecConfig
 from .ops import sample_from_probs, sampling_probs
 from .ops.random import STREAM_FIRST_TOKEN, counter_uniforms
-from .adaptive import AdaptivePolicy, CostModel
+from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule
 from .registry import Strategies
 from .request import FINISHED, PREFILLING, RUNNING, WAITING, RequestState
 from .runtime.kv_cache import KVCacheError
@@ -159,9 +159,18 @@ class SpecEngine:
         self.device_step = DeviceStep(strategies, runner, compiled=compiled)
         # adaptive speculation: a plain step beside the speculative one, chosen per step by measured cost
         self.adaptive = bool(config.adaptive) and N > 1
-        self.plain_step = DeviceStep(strategies, runner, compiled=compiled, plain=True) if self.adaptive else None
-        self.costs = CostModel()
-        self.policy = AdaptivePolicy(self.costs, N) if self.adaptive else None
+        # a deferred plain step skips the drafter (its token joins the path the drafter ingests
+        # next), as long as every path stays within the depth a head drafter ingests (D + 1 rows)
+        depth = getattr(strategies.drafter, "depth", None)
+        self.defer_depth = depth if self.adaptive and not caps.runs_on_host and isinstance(depth, int) else None
+        self.steps = {SPECULATIVE: self.device_step}
+        if self.adaptive:
+            self.steps[PLAIN] = DeviceStep(strategies, runner, compiled=compiled, plain=True)
+        if self.defer_depth is not None:
+            self.steps[DEFERRED] = DeviceStep(strategies, runner, compiled=compiled, plain=True, defer=True)
+        caps = strategies.policy_caps  # None: strategies assembled by hand, without a tree policy
+        self.chain = caps is None or caps.chain  # one draft per depth: any budget cuts it cleanly
+        self.adaptive_rule = AdaptiveRule(min(config.max_draft_len, N - 1), self.chain, N - 1) if self.adaptive else None
         pin = self.device.type == "cuda"
         self._handoff_host = torch.zeros(B, N + 1, dtype=torch.int64, pin_memory=pin)  # [B, N + 1]
         self._handoff_event = torch.cuda.Event() if pin else None
@@ -173,17 +182,16 @@ class SpecEngine:
         self.eos_token_ids = tuple(runner.info.eos_token_ids)
         self.pool_positions = getattr(runner, "pool_positions", None)  # None = unbounded (test runners)
         self.model_context = getattr(runner, "model_context", None)  # the model's max_position_embeddings
-        caps = strategies.policy_caps  # None: strategies assembled by hand, without a tree policy
-        self.chain = caps is None or caps.chain  # one draft per depth: any budget cuts it cleanly
         self.last_step_seconds = 0.0
         self.step_times = StepTimes()  # every step's time; split by phase while `phase_timing` is on
         self.phase_timing = False  # split steps into draft / verify / rest (runs them eagerly)
         self._timer = PhaseTimer(self.device)
         # host copies the host drafter reads: last step's emitted tokens per slot
         self._last_accept = [-1] * B
+        self._path_len = [-1] * B  # accept_length on the device: rows of the path the drafter has not ingested, - 1
         self._last_tokens: list[list[int]] = [[] for _ in range(B)]
         self._roots = [0] * B
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (bucket, speculative) -> graph
+        self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}  # (bucket, step variant) -> graph
         self.capture_count = 0
         self.watchdog = ProgressWatchdog(config)  # a request that stops progressing fails, by name
         self.warmed = False
@@ -378,6 +386,7 @@ class SpecEngine:
         request.prefilled, request.committed, request.status = L, L, RUNNING
         token = request.token_ids[-1] if resumed else int(first[0])  # host sync (prefill is not the hot loop)
         self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = -1, [], token
+        self._path_len[slot] = -1
         if not resumed:
             self._emit(request, [token])
 
@@ -390,12 +399,12 @@ class SpecEngine:
         sp.seed[slot] = int(request.seed)
 
     # ------------------------------------------------------------------ warm-up
-    def _variants(self) -> tuple[bool, ...]:
-        """The steps this engine runs: speculative, and the plain one when adaptive."""
-        return (True, False) if self.adaptive else (True,)
+    def _variants(self) -> tuple[str, ...]:
+        """The steps this engine runs: speculative, and when adaptive the plain ones."""
+        return tuple(self.steps)
 
-    def _step_fn(self, speculative: bool) -> DeviceStep:
-        return self.device_step if speculative else self.plain_step
+    def _step_fn(self, variant: str) -> DeviceStep:
+        return self.steps[variant]
 
     def warmup(self, *, progress: bool = False) -> WarmupReport:
         """Run every batch bucket's step once (and a 1- and a 2-token prefill), so compiled
@@ -415,20 +424,20 @@ class SpecEngine:
             jobs = [(b, v) for b in buckets for v in self._variants()]
             bar = _progress(jobs, progress, "warmup")
             pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
-            for b, speculative in bar:
+            for b, variant in bar:
                 if self.cuda_graphs:
-                    self._capture(b, speculative, pool)
+                    self._capture(b, variant, pool)
                 else:
-                    self._step_fn(speculative)(self.state.rows(b), self._kv_len_bound(b))
+                    self._step_fn(variant)(self.state.rows(b), self._kv_len_bound(b))
             if self.adaptive:
-                for b, speculative in jobs:
-                    self.costs.record(b, speculative, self._time_step(b, speculative))
+                for b, variant in jobs:
+                    self.adaptive_rule.costs.record(b, variant, self._time_step(b, variant))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmed = True
         return WarmupReport(time.perf_counter() - t0, tuple(sorted(self.buckets)), len(self.graphs))
 
-    def _time_step(self, b: int, speculative: bool, repeats: int = 5) -> list[float]:
+    def _time_step(self, b: int, variant: str, repeats: int = 5) -> list[float]:
         """Seconds of one step of bucket `b` (idle slots: the shapes, hence the cost, of a full bucket)."""
         samples = []
         for _ in range(repeats):
@@ -436,9 +445,9 @@ class SpecEngine:
                 torch.cuda.synchronize(self.device)
             t0 = time.perf_counter()
             if self.cuda_graphs:
-                self.graphs[(b, speculative)].replay()
+                self.graphs[(b, variant)].replay()
             else:
-                self._step_fn(speculative)(self.state.rows(b), self._kv_len_bound(b))
+                self._step_fn(variant)(self.state.rows(b), self._kv_len_bound(b))
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             samples.append(time.perf_counter() - t0)
@@ -455,10 +464,10 @@ class SpecEngine:
             drafter.reset_slot(0)
             self.runner.free(0)
 
-    def _capture(self, b: int, speculative: bool, pool) -> None:
+    def _capture(self, b: int, variant: str, pool) -> None:
         kv_len = self.config.max_seq_len
         rows = self.state.rows(b)
-        step = self._step_fn(speculative)
+        step = self._step_fn(variant)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -468,7 +477,7 @@ class SpecEngine:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             step(rows, kv_len)
-        self.graphs[(b, speculative)] = graph
+        self.graphs[(b, variant)] = graph
         self.capture_count += 1
 
     # ------------------------------------------------------------------ the step
@@ -524,14 +533,18 @@ class SpecEngine:
         for dst, src in ((st.draft_tokens, tokens), (st.draft_parents, parents), (st.draft_num_nodes, num_nodes)):
             dst[:b].copy_(src.pin_memory() if pin else src, non_blocking=pin)
 
-    def _launch(self, b: int, speculative: bool = True) -> None:
+    def _can_defer(self, running: list[RequestState]) -> bool:
+        """Whether a deferred plain step keeps every running path within the drafter's depth."""
+        return self.defer_depth is not None and all(self._path_len[r.slot] + 1 <= self.defer_depth for r in running)
+
+    def _launch(self, b: int, variant: str = SPECULATIVE) -> None:
         """The device part of the step (no host sync inside)."""
         guard = _sync_guard() if self.check_syncs and self.device.type == "cuda" else contextlib.nullcontext()
         with guard:
             if self.cuda_graphs and not self.phase_timing:
-                self.graphs[(b, speculative)].replay()
+                self.graphs[(b, variant)].replay()
             else:
-                step = self._step_fn(speculative)
+                step = self._step_fn(variant)
                 step.timer = self._timer if self.phase_timing else None
                 try:
                     step(self.state.rows(b), self._kv_len_bound(b))
@@ -549,10 +562,14 @@ class SpecEngine:
         self._reserve_ahead()
         b = self._bucket()
         running = [r for r in self.running() if r.slot < b]
-        speculative = self.policy.choose(b, running) if self.adaptive else True
+        variant = SPECULATIVE
+        if self.adaptive:
+            plain = DEFERRED if self._can_defer(running) else PLAIN
+            variant = SPECULATIVE if self.adaptive_rule.choose(b, running, plain) else plain
+        speculative = variant == SPECULATIVE
         if self.host_drafter:
             self._stage_host_drafts(b)
-        self._launch(b, speculative)
+        self._launch(b, variant)
         # Token hand-off: the one device-to-host copy and the one wait of the step.
         host = self._handoff_host[:b]
         if self._handoff_event is not None:
@@ -563,6 +580,7 @@ class SpecEngine:
             host.copy_(self.state.handoff[:b])
         rows = host.tolist()
         lengths = [row[0] for row in rows]
+        emitted_total = 0  # tokens the step produced (before EOS / length cuts)
         for slot, request in enumerate(self.slots[:b]):
             if request is None or request.status != RUNNING:
                 continue
@@ -571,14 +589,16 @@ class SpecEngine:
             request.committed += a + 1
             request.accepted_per_step.append(a)
             request.budget_per_step.append(request.budget if speculative else 0)
-            if self.adaptive and speculative and request.budget:
-                self.policy.observe(request, a + 1)
+            emitted_total += len(emitted)
+            if self.adaptive and speculative:
+                self.adaptive_rule.observe(request, a)
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
+            self._path_len[slot] = self._path_len[slot] + 1 if variant == DEFERRED else a
             self._emit(request, emitted)
         self.last_step_seconds = time.perf_counter() - t0
         self.step_times.add(self.last_step_seconds, self._timer.read() if self.phase_timing else None)
         if self.adaptive:
-            self.costs.update(b, speculative, self.last_step_seconds)
+            self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds)
         for obs in self.observers:
             obs.on_step(self, lengths)
 

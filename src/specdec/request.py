@@ -16,8 +16,12 @@ the same tokens it would have produced unpreempted (draws are keyed by position)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .config import SamplingParams
+
+if TYPE_CHECKING:
+    from .adaptive import DepthAcceptance
 
 __all__ = ["RequestState", "FINISH_REASONS", "WAITING", "PREFILLING", "RUNNING", "FINISHED"]
 
@@ -47,7 +51,7 @@ class RequestState:
     prefilled: int = 0  # tokens of `prefill_tokens` already prefilled (this admission)
     admitted: int = -1  # admission counter (the youngest running request is preempted first)
     preemptions: int = 0
-    tokens_per_step: float | None = None  # running mean of tokens per speculative step (adaptive)
+    acceptance: "DepthAcceptance | None" = None  # per-depth acceptance estimate (adaptive speculation)
     tag: object = None  # the submitter's handle (e.g. `AsyncEngine`'s stream), never read by the engine
 
     @property

@@ -131,10 +131,14 @@ class DeviceStep:
             instead of ~60 integer ops).
     """
 
-    def __init__(self, strategies: Strategies, runner, *, compiled: bool = False, plain: bool = False) -> None:
+    def __init__(self, strategies: Strategies, runner, *, compiled: bool = False, plain: bool = False,
+                 defer: bool = False) -> None:
         self.strategies = strategies
         self.runner = runner
         self.plain = plain  # the adaptive engine's plain step: ingest only, the target verifies the root
+        self.defer = defer  # plain, and the drafter does not run: the token joins the path it ingests later
+        if defer and not plain:
+            raise ValueError("defer=True is a kind of plain step; pass plain=True too")
         self.host_drafter = strategies.drafter_caps.runs_on_host
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
         self.uniforms = compile_private(counter_uniforms, dynamic=True, fullgraph=True) if compiled else counter_uniforms
@@ -189,15 +193,16 @@ class DeviceStep:
         self._advance(state, acc.accept_nodes, acc.accept_tokens, accept_length, captured)
 
     def _plain(self, state: StepState, kv_len: int) -> None:
-        """One token per request: the drafter ingests last step's tokens (its KV stays current)
-        but drafts nothing, the target runs the root alone ([B, 1]), and the token is drawn from
-        the request's sampling distribution with the verifiers' draw rule (what every lossless
-        verifier does on a root-only tree)."""
+        """One token per request: the drafter ingests the path it has not seen (its KV stays
+        current) but drafts nothing, or, deferred (`defer`), does not run at all; the target
+        runs the root alone ([B, 1]), and the token is drawn from the request's sampling
+        distribution with the verifiers' draw rule (what every lossless verifier does on a
+        root-only tree)."""
         from .ops.sampling import probs_for, sample_from_probs
 
         s, active = self.strategies, state.active
         B = state.root_tokens.shape[0]
-        if not self.host_drafter:  # host drafters ingest on the host (`propose_host`)
+        if not self.host_drafter and not self.defer:  # host drafters ingest on the host (`propose_host`)
             s.drafter.propose(
                 DraftInput(
                     root_tokens=state.root_tokens, committed_len=state.committed_len,
@@ -213,6 +218,8 @@ class DeviceStep:
         self._mark("verify")
         u = self.uniforms(state.sampling.seed, state.committed_len, 2, STREAM_VERIFY)  # [B, 2], node 0's lanes
         token = sample_from_probs(probs_for(logits, state.sampling)[:, 0], u[:, 1])  # [B]
+        if self.defer:
+            return self._append_to_path(state, token, captured)
         accept_tokens = torch.full_like(state.accept_tokens, -1)
         accept_tokens[:, 0] = token
         accept_nodes = torch.full_like(state.accept_tokens, -1)
@@ -221,6 +228,29 @@ class DeviceStep:
         if captured is not None:  # widen [B, 1, w] to the [B, N, w] the advance gathers from
             captured = captured.expand(-1, state.num_nodes, -1)
         self._advance(state, accept_nodes, accept_tokens, zero, captured)
+
+    @staticmethod
+    def _append_to_path(state: StepState, token: torch.Tensor, captured) -> None:
+        """A deferred plain step's advance: the drafter has not ingested the path, so the new
+        token (and the target's state at the root) become its next row, as if the last step had
+        accepted one more draft. The path then covers every position since the drafter last ran,
+        and the next step that runs the drafter ingests them in one forward. The engine runs this
+        only while every active path stays within the drafter's depth (rows <= D + 1).
+        The hand-off reports one token (accept length 0), like any plain step."""
+        active = state.active
+        row = (state.accept_length + 1).clamp(0, state.num_nodes - 1)  # [B] the new row of each path
+        rows = row[:, None]  # [B, 1]
+        state.accept_tokens.scatter_(1, rows, torch.where(active, token, state.accept_tokens.gather(1, rows)[:, 0])[:, None])
+        if state.hidden_path is not None and captured is not None:
+            h = rows[:, :, None].expand(-1, -1, state.hidden_path.shape[-1])  # [B, 1, w]
+            new = torch.where(active[:, None, None], captured[:, :1].to(state.hidden_path.dtype), state.hidden_path.gather(1, h))
+            state.hidden_path.scatter_(1, h, new)
+        state.accept_length.copy_(torch.where(active, row, state.accept_length))
+        state.root_tokens.copy_(torch.where(active, token, state.root_tokens))
+        state.committed_len.add_(active.long())
+        state.handoff.fill_(-1)
+        state.handoff[:, 0].fill_(0)
+        state.handoff[:, 1].copy_(token)
 
     @staticmethod
     def _advance(state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:

@@ -1,0 +1,208 @@
+"""The adaptive speculation rule alone (`specdec.adaptive`), with planted step times and
+acceptance histories: its estimates match hand computations, it speculates exactly when the
+expected tokens per second say so, it probes the other variant at doubling intervals and
+resets them when a probe flips the choice, and after a request's acceptance collapses it
+stops speculating within a bounded number of steps. Exact decision sequences are pinned."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from specdec.adaptive import DEFERRED, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
+
+D = 4  # draft depth of the planted engine (a chain: N - 1 = 4 drafts)
+
+
+@dataclass
+class Req:
+    budget: int = D
+    acceptance: DepthAcceptance | None = None
+
+
+def planted_rule(spec_s: float, plain_s: float, buckets=(1, 4, 64)) -> AdaptiveRule:
+    rule = AdaptiveRule(D, chain=True, full_budget=D)
+    for b in buckets:
+        rule.costs.record(b, SPECULATIVE, [spec_s])
+        rule.costs.record(b, PLAIN, [plain_s])
+    return rule
+
+
+def drive(rule: AdaptiveRule, requests, accepts, steps: int, bucket: int, spec_s: float, plain_s: float) -> str:
+    """Run `steps` decisions; `accepts(step, i)` = the accepted length request i would get if
+    the step speculates. Returns the choices as a string: S speculative, P plain, lower case = a probe."""
+    out = []
+    for step in range(steps):
+        spec = rule.choose(bucket, requests)
+        emitted = 0
+        for i, r in enumerate(requests):
+            a = min(accepts(step, i), r.budget) if spec else 0
+            if spec:
+                rule.observe(r, a)
+            emitted += a + 1
+        rule.measured(bucket, SPECULATIVE if spec else PLAIN, emitted, spec_s if spec else plain_s)
+        letter = "S" if spec else "P"
+        out.append(letter.lower() if rule.last.probe else letter)
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- estimates
+def test_expected_tokens_is_one_plus_the_sum_of_survival_products():
+    est = DepthAcceptance(3, forget=1.0)  # no forgetting: plain counts, prior p = 1 (one pseudo-observation)
+    for a in (3, 1, 0, 3):  # depth 1 tried 4x, accepted 3x; depth 2 tried 3x, 2x; depth 3 tried 2x, 2x
+        est.observe(a, 3)
+    p1, p2, p3 = (3 + 1) / (4 + 1), (2 + 1) / (3 + 1), (2 + 1) / (2 + 1)
+    assert est.p(1) == pytest.approx(p1) and est.p(2) == pytest.approx(p2) and est.p(3) == pytest.approx(p3)
+    assert est.expected_tokens(3) == pytest.approx(1 + p1 + p1 * p2 + p1 * p2 * p3)
+    assert est.expected_tokens(1) == pytest.approx(1 + p1)
+    assert est.expected_tokens(0) == 1.0
+
+
+def test_a_depth_cut_by_the_budget_is_not_counted_as_rejected():
+    est = DepthAcceptance(4, forget=1.0)
+    est.observe(2, 2)  # budget 2: both accepted, depth 3 never drafted
+    assert est.reached == [1.0, 1.0, 0.0, 0.0] and est.accepted == [1.0, 1.0, 0.0, 0.0]
+    est.observe(1, 4)  # depth 2 rejected, depths 3 and 4 not reached
+    assert est.reached == [2.0, 2.0, 0.0, 0.0] and est.accepted == [2.0, 1.0, 0.0, 0.0]
+
+
+def test_forgetting_weighs_recent_steps_more():
+    est = DepthAcceptance(1, forget=0.5)
+    for a in (1, 1, 1, 0):
+        est.observe(a, 1)
+    assert est.reached[0] == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert est.accepted[0] == pytest.approx(0.5 + 0.25 + 0.125)
+
+
+def test_a_fresh_estimate_is_its_prior():
+    pool = DepthAcceptance(2, forget=1.0)
+    for _ in range(9):
+        pool.observe(0, 2)
+    fresh = DepthAcceptance(2, forget=0.7, prior=pool)
+    assert fresh.p(1) == pytest.approx(pool.p(1)) == pytest.approx(1 / 10)
+
+
+@pytest.mark.parametrize("a, limit", [(-1, 2), (3, 2), (1, 5)])
+def test_an_impossible_observation_is_an_error(a, limit):
+    with pytest.raises(ValueError, match=rf"accept_length={a} must lie in \[0, depth_limit={limit}\]"):
+        DepthAcceptance(4, forget=1.0).observe(a, limit)
+
+
+def test_step_costs_use_live_medians_and_scale_an_unmeasured_variant_by_the_others():
+    costs = StepCosts()
+    with pytest.raises(KeyError, match=r"no step time for bucket 8 \(speculative\): call warmup"):
+        costs(8, SPECULATIVE)
+    costs.record(8, SPECULATIVE, [1.0, 9.0, 1.2])  # warm-up median 1.2
+    costs.record(8, PLAIN, [0.6])
+    costs.record(8, DEFERRED, [0.5])
+    costs.record(16, PLAIN, [0.9])
+    assert costs(8, SPECULATIVE) == 1.2 and costs(8, PLAIN) == 0.6
+    for s in (3.0, 100.0, 3.6):  # live: a robust median, not a mean
+        costs.update(8, SPECULATIVE, s)
+    assert costs(8, SPECULATIVE) == 3.6
+    assert costs(8, PLAIN) == pytest.approx(0.6 * 3.6 / 1.2)  # live steps ran 3x their warm-up time
+    assert costs(16, PLAIN) == 0.9  # another bucket's live times do not leak
+    costs.update(8, PLAIN, 1.0)
+    assert costs(8, PLAIN) == 1.0
+    ratio = (3.0 + 1.0 / 0.6) / 2  # the median of the live / warm-up ratios of the two variants that ran
+    assert costs(8, DEFERRED) == pytest.approx(0.5 * ratio)
+    assert costs.table() == [(8, {SPECULATIVE: 3.6, PLAIN: 1.0, DEFERRED: pytest.approx(0.5 * ratio)}), (16, {PLAIN: 0.9})]
+
+
+# ----------------------------------------------------------------------------- decisions
+def test_it_speculates_exactly_when_expected_tokens_per_second_say_so():
+    """Four requests with one history each; the speculative step costs 2x or 5x the plain."""
+    for spec_s, want in ((2.0, True), (5.0, False)):
+        rule = planted_rule(spec_s, 1.0)
+        requests = [Req() for _ in range(4)]
+        for r in requests:
+            for a in (4, 4, 2):
+                rule.observe(r, a)
+        e = rule.expected_tokens(requests[0])
+        assert 2.0 < e < 5.0  # so 2x pays and 5x does not
+        assert rule.choose(4, requests) is want
+        assert rule.last.tokens == {True: pytest.approx(4 * e), False: 4.0}
+        assert rule.last.seconds == {True: spec_s, False: 1.0}
+        assert rule.last.predicted_rate() == pytest.approx(max(4 * e / spec_s, 4.0))
+
+
+def test_a_request_without_drafts_counts_one_token_and_a_budget_limits_the_depth():
+    rule = planted_rule(2.0, 1.0)
+    none, two, full = Req(budget=0), Req(budget=2), Req()
+    assert rule.expected_tokens(none) == 1.0
+    assert rule.expected_tokens(two) == 3.0 and rule.expected_tokens(full) == 5.0  # optimistic prior p = 1
+    rule.observe(none, 0)  # ignored: nothing was drafted
+    assert none.acceptance is None and rule.pool.reached == [0.0] * D
+
+
+def test_decision_sequence_when_speculation_always_pays():
+    """Every draft accepted, speculative step 2x the plain: speculate; plain probes after 4,
+    then 8, 16, 32 speculative steps (each probe confirms, so the interval doubles)."""
+    rule = planted_rule(2.0, 1.0)
+    seq = drive(rule, [Req(), Req()], lambda step, i: D, 70, bucket=4, spec_s=2.0, plain_s=1.0)
+    assert FIRST_INTERVAL == 4
+    assert seq == "SSSS" + "p" + "S" * 8 + "p" + "S" * 16 + "p" + "S" * 32 + "p" + "S" * 6
+    assert rule.decisions == {True: 66, False: 4} and rule.probes == 4
+
+
+def test_decision_sequence_when_drafts_are_never_accepted():
+    """Nothing accepted and a speculative step 1.5x the plain: the optimistic first steps
+    speculate (the second because depths 2-4 were never reached, so they are still presumed
+    accepted), then plain, with speculative probes at doubling intervals."""
+    rule = planted_rule(1.5, 1.0)
+    seq = drive(rule, [Req()], lambda step, i: 0, 80, bucket=1, spec_s=1.5, plain_s=1.0)
+    assert seq == "SS" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" * 32 + "s" + "P" * 14
+    assert rule.probes == 4
+
+
+def test_after_acceptance_collapses_mid_run_it_stops_speculating_within_six_steps():
+    """Two requests accept every draft for 10 steps, then none: the per-request estimates
+    (forgetting 0.7 per step) fall below the break-even E[tokens] = 2 (speculative = 2x plain)
+    after six failed speculative steps; from then on only probes speculate."""
+    rule = planted_rule(2.0, 1.0)
+    requests = [Req(), Req()]
+    seq = drive(rule, requests, lambda step, i: D if step < 10 else 0, 40, bucket=4, spec_s=2.0, plain_s=1.0)
+    assert seq[:10] == "SSSS" + "p" + "SSSSS"
+    assert seq[10:] == "SSS" + "p" + "SSS" + "P" * 16 + "s" + "P" * 6
+    assert all(r.acceptance.expected_tokens(D) < 2.0 for r in requests)
+
+
+def test_a_probe_that_flips_the_choice_resets_the_interval():
+    """Plain at first (acceptance 0); from step 30 every draft would be accepted: the next
+    speculative probe (step 32) finds it, the rule switches to speculating and, the interval
+    reset, probes plain 4 speculative steps later (the probe counts as the first), then 8."""
+    rule = planted_rule(1.5, 1.0)
+    seq = drive(rule, [Req()], lambda step, i: 0 if step < 30 else D, 60, bucket=1, spec_s=1.5, plain_s=1.0)
+    assert seq == "SS" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "SSS" + "p" + "S" * 8 + "p" + "S" * 14
+
+
+def test_buckets_keep_their_own_costs_and_probe_schedules():
+    """Speculating pays in bucket 1 (1.2x) and not in bucket 64 (8x): the same requests get
+    opposite decisions, and the live time of one bucket never leaks into the other."""
+    rule = AdaptiveRule(D, chain=True, full_budget=D)
+    rule.costs.record(1, SPECULATIVE, [1.2]), rule.costs.record(1, PLAIN, [1.0])
+    rule.costs.record(64, SPECULATIVE, [8.0]), rule.costs.record(64, PLAIN, [1.0])
+    requests = [Req() for _ in range(3)]
+    for r in requests:
+        for a in (2, 3, 2):
+            rule.observe(r, a)
+    assert rule.choose(1, requests) is True
+    assert rule.choose(64, requests) is False
+    rule.measured(64, PLAIN, 3, 1.0)
+    assert rule.costs(1, SPECULATIVE) == 1.2 and rule.costs(64, SPECULATIVE) == 8.0
+
+
+def test_the_plain_step_due_is_priced_as_itself():
+    """A deferred plain step (no drafter) is cheaper than an ingesting one: the same history
+    speculates when the ingesting plain step is due and not when the deferred one is."""
+    rule = planted_rule(2.0, 1.6)
+    rule.costs.record(4, DEFERRED, [1.0])
+    requests = [Req(), Req()]
+    for r in requests:
+        for a in (1, 1, 0, 1):
+            rule.observe(r, a)
+    e = rule.expected_tokens(requests[0])
+    assert 1.6 < e < 2.0  # speculating pays against the 1.6 s plain step, not against the 1.0 s one
+    assert rule.choose(4, requests, PLAIN) is True and rule.last.seconds == {True: 2.0, False: 1.6}
+    assert rule.choose(4, requests, DEFERRED) is False and rule.last.plain == DEFERRED
