@@ -185,13 +185,19 @@ def head_kind(path: Path) -> str | None:
 
 # ------------------------------------------------------------------------- shared flags
 def _strategy_names() -> dict[str, list[str]]:
-    """Installed strategy names by kind ({} if the plugins cannot be listed)."""
+    """Installed strategy names by kind ({} if the plugins cannot be listed), read from the
+    built-ins' declarations and the entry-point plugins: no built-in plugin module (no torch)
+    is imported, so --help and the name suggestions stay fast."""
     try:
-        from .registry import get_plugin_manager, strategy_names
+        from .registry import declared_strategy_names
 
-        return {k: sorted(v) for k, v in strategy_names(get_plugin_manager()).items()}
+        return {k: sorted(v) for k, v in declared_strategy_names().items()}
     except Exception:
         return {}
+
+
+# `specdec.validation.DTYPES` (a test keeps them equal), here because validation imports torch
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def add_model_flags(parser: argparse.ArgumentParser, *, default_target: str | None = None,
@@ -199,7 +205,6 @@ def add_model_flags(parser: argparse.ArgumentParser, *, default_target: str | No
     """--target, --draft, --device, --dtype and one flag per `SpecConfig` field. With
     `default_target`, --target is optional (and `default_draft` is the head used with it)."""
     from .config import SpecConfig
-    from .validation import DTYPES
     from .cli_flags import add_dataclass_flags
 
     model = parser.add_argument_group("model")
@@ -282,14 +287,15 @@ def check_before_loading(args, config, params=None) -> None:
     with a greedy-only verifier, device, target path."""
     from .config import ConfigError
     from .registry import get_plugin_manager, resolve_tree_policy
-    from .validation import check_device
 
-    names = _strategy_names()
+    names = _strategy_names()  # a misspelled name is refused before any plugin module (torch) loads
     for kind in ("drafter", "tree", "verifier"):
         value = getattr(config, kind)
         if kind in names and value not in names[kind]:
             raise ConfigError(f"--{kind} {value}: not installed; available: {', '.join(names[kind])}"
                               + did_you_mean(value, names[kind]))
+    from .validation import check_device
+
     pm = get_plugin_manager()
     caps = _verifier_caps(config, pm)
     resolve_tree_policy(config, caps, pm)  # the tree policy's options (topk, budget, static paths)
@@ -354,9 +360,9 @@ def _log_to_stderr(level: str) -> None:
 # ------------------------------------------------------------------------- plugins
 @command("plugins", "list installed plugins: which plugin provides which drafter, tree and verifier name")
 def _plugins(args) -> int:
-    from .registry import get_plugin_manager, strategy_table
+    from .registry import declared_strategy_table
 
-    rows = strategy_table(get_plugin_manager())
+    rows = declared_strategy_table()  # no built-in plugin module (no torch) is imported
     width = max([len("plugin")] + [len(p) for p, _, _ in rows])
     print(f"{'plugin':{width}}  {'kind':8}  name")
     for plugin, kind, name in sorted(rows, key=lambda r: (r[1], r[2])):
@@ -635,9 +641,11 @@ def main(argv: list[str] | None = None) -> int:
 def _is_user_error(e: BaseException) -> bool:
     """Errors about the input (shown as one line), not bugs (shown with their traceback)."""
     from .config import ConfigError
-    from .models.config import UnsupportedModelError
 
-    user = (ConfigError, UnsupportedModelError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    user = (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    models = sys.modules.get(f"{__package__}.models.config")  # not imported: the error cannot be one of its
+    if models is not None:  # (importing it would import torch for a misspelled flag)
+        user += (models.UnsupportedModelError,)
     return isinstance(e, user)
 
 

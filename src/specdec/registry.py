@@ -6,6 +6,11 @@ returns a `Strategies` record; the engine then runs those objects with no pluggy
 the step. Unknown strategy names fail here with the list of names that exist. This is the
 only module that reads a strategy's capabilities off the object (`drafter_caps`,
 `verifier_caps`, `policy_caps`: required, typed, checked once).
+
+`declared_strategy_table()` / `declared_strategy_names()` list the same names without importing
+the built-in plugin modules (torch): the built-ins' names come from
+`specdec.plugins.BUILTIN_STRATEGY_NAMES`, the entry-point plugins are loaded and asked. The
+CLI's `specdec plugins`, `--help` and name suggestions use them. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -18,9 +23,7 @@ import pluggy
 
 from . import hookspecs
 from .config import ConfigError, SpecConfig, resolve_capture_layers
-from .plugins import BUILTIN_PLUGINS
-import torch
-
+from .plugins import BUILTIN_PLUGINS, BUILTIN_STRATEGY_NAMES
 from .strategies import READS, Drafter, KVRelocator, TargetInfo, TreeBuilder, TreePolicy, Verifier
 
 __all__ = [
@@ -35,6 +38,9 @@ __all__ = [
     "verifier_caps",
     "policy_caps",
     "strategy_names",
+    "strategy_table",
+    "declared_strategy_names",
+    "declared_strategy_table",
     "UnknownStrategyError",
 ]
 
@@ -54,9 +60,7 @@ def get_plugin_manager(*, load_entrypoints: bool | None = None) -> pluggy.Plugin
     pm.add_hookspecs(hookspecs)
     for module_name in BUILTIN_PLUGINS:
         pm.register(importlib.import_module(module_name), name=module_name)
-    if load_entrypoints is None:
-        load_entrypoints = os.environ.get("SPECDEC_LOAD_ENTRYPOINTS", "1") != "0"
-    if load_entrypoints:
+    if _load_entrypoints(load_entrypoints):
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
     pm.check_pending()
     return pm
@@ -81,6 +85,47 @@ def strategy_table(pm: pluggy.PluginManager) -> list[tuple[str, str, str]]:
         for kind, names in sorted(((declare() if declare else None) or {}).items()):
             rows += [(plugin_name, kind, name) for name in names]
     return rows
+
+
+def _load_entrypoints(load_entrypoints: bool | None) -> bool:
+    if load_entrypoints is None:
+        return os.environ.get("SPECDEC_LOAD_ENTRYPOINTS", "1") != "0"
+    return load_entrypoints
+
+
+def declared_strategy_table(*, load_entrypoints: bool | None = None) -> list[tuple[str, str, str]]:
+    """`strategy_table(get_plugin_manager(...))` without importing the built-in plugin modules:
+    their rows come from `BUILTIN_STRATEGY_NAMES`; the `specdec` entry-point plugins are loaded
+    (importing whatever they import) and asked through their `specdec_strategy_names`."""
+    rows = [
+        (plugin_name, kind, name)
+        for plugin_name in BUILTIN_PLUGINS
+        for kind, names in sorted(BUILTIN_STRATEGY_NAMES[plugin_name].items())
+        for name in names
+    ]
+    if _load_entrypoints(load_entrypoints):
+        pm = pluggy.PluginManager(hookspecs.PROJECT)
+        pm.add_hookspecs(hookspecs)
+        for plugin_name in BUILTIN_PLUGINS:  # as get_plugin_manager: an entry point cannot take a built-in's name
+            pm.set_blocked(plugin_name)
+        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        rows += strategy_table(pm)
+    return rows
+
+
+def declared_strategy_names(*, load_entrypoints: bool | None = None) -> dict[str, list[str]]:
+    """`strategy_names(get_plugin_manager(...))` (same names, same order) without importing the
+    built-in plugin modules; see `declared_strategy_table`."""
+    by_plugin: dict[str, dict[str, list[str]]] = {}
+    for plugin_name, kind, name in declared_strategy_table(load_entrypoints=load_entrypoints):
+        by_plugin.setdefault(plugin_name, {}).setdefault(kind, []).append(name)
+    names: dict[str, list[str]] = {}
+    for answer in reversed(by_plugin.values()):  # pluggy calls the last registered plugin first
+        for kind, kind_names in answer.items():
+            for name in kind_names:
+                if name not in names.setdefault(kind, []):
+                    names[kind].append(name)
+    return names
 
 
 def _check_name(kind: str, name: str, names: dict[str, list[str]]) -> None:
@@ -173,6 +218,8 @@ def drafter_caps(drafter) -> DrafterCaps:
     if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
         raise ConfigError(f"drafter {type(drafter).__name__}.kv_lookahead={lookahead!r} must be an int >= 0")
     model = getattr(drafter, "model", None)
+    import torch  # here, not at the top: listing names (the CLI's --help) must not import torch
+
     return DrafterCaps(
         reads=reads,
         runs_on_host=on_host,

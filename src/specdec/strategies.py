@@ -4,6 +4,8 @@ The engine talks to strategies only through these attributes and call signatures
 capabilities (`Drafter.reads`, `Verifier.needs_draft_probs`, `TreePolicy.samples`, ...) are
 *required* attributes: `specdec.registry.resolve` reads and type-checks them once, into
 `DrafterCaps` / `VerifierCaps` / `PolicyCaps`, and nothing else ever probes a strategy.
+
+torch appears in annotations only (postponed), so importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-import torch
-
 if TYPE_CHECKING:
+    import torch
+
     from .types import Acceptance, Candidates, DraftTree, Frontier, GrownTree, SamplingTensors, TreeMeta
 
 __all__ = ["TargetInfo", "Drafter", "TreeBuilder", "Verifier", "KVRelocator", "DraftInput", "TreePolicy", "Expand", "READS"]

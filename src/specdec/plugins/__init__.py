@@ -6,6 +6,11 @@ the module under the entry-point group `specdec` in your package's pyproject:
 
     [project.entry-points.specdec]
     my_plugin = "my_package.my_module"
+
+This package imports nothing: `BUILTIN_STRATEGY_NAMES` declares the names every built-in
+answers to, so the CLI (`specdec plugins`, `--help`, name suggestions) lists them without
+importing the plugin modules (and torch). The modules' own `specdec_strategy_names` hooks stay
+what `specdec.registry.resolve` checks; a test keeps the two equal.
 """
 
 BUILTIN_PLUGINS = (
@@ -21,3 +26,19 @@ BUILTIN_PLUGINS = (
     "specdec.plugins.ngram",  # drafter="ngram": model-free prompt lookup, chain or tree
     "specdec.plugins.typical",  # verifier="typical": Medusa typical acceptance (lossy)
 )
+
+# What each built-in's `specdec_strategy_names` hook answers, by kind, read without importing it.
+BUILTIN_STRATEGY_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "specdec.plugins.none_drafter": {"drafter": ("none",)},
+    "specdec.plugins.tree_policies": {"tree": ("linear", "dynamic", "static", "sampled")},
+    "specdec.plugins.tree_builder": {},
+    "specdec.plugins.greedy": {"verifier": ("greedy",)},
+    "specdec.plugins.target_only": {"verifier": ("target-only",)},
+    "specdec.plugins.speculative": {"verifier": ("speculative",)},
+    "specdec.plugins.relocate": {},
+    "specdec.plugins.eagle3": {"drafter": ("eagle3",)},
+    "specdec.plugins.mtp": {"drafter": ("mtp",)},
+    "specdec.plugins.ngram": {"drafter": ("ngram",)},
+    "specdec.plugins.typical": {"verifier": ("typical",)},
+}
+assert tuple(BUILTIN_STRATEGY_NAMES) == BUILTIN_PLUGINS, "declare every built-in plugin, in registration order"

@@ -1,0 +1,7 @@
+"""`python -m specdec ...` = the `specdec` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
