@@ -1,16 +1,18 @@
 """The conformance kit checks itself: for each property of verifiers, tree builders, KV
-relocators and tree policies, a strategy with one realistic planted bug fails exactly that
-property (and the kit's message names what broke), while the built-in it was made from
-passes it (the built-ins' runs are in test_conformance_kit.py).
+relocators, tree policies and drafters, a strategy with one realistic planted bug fails
+exactly that property (and the kit's message names what broke), while the built-in it was
+made from passes it (the built-ins' runs are in test_conformance_kit.py).
 
 A property that a planted bug can pass promises less than its name says. Each planted bug
 is a one-line change a plugin author could make: a path that skips a level, a bonus token
 taken as the argmax, a bonus drawn at the wrong node, a depth off by one, a buffer OR-ed
 instead of overwritten, one row relocated too many; a policy that skips its last expansion,
-shifts a token, repeats a sibling, ranks with noise, expands the K worst, or drops a static
-path. Planted elsewhere: non-topological parents and one token too many
-(test_conformance_kit.py). Not planted yet: the policies' sampling-distribution property and
-the three drafter properties.
+shifts a token, repeats a sibling, ranks with noise, expands the K worst, drops a static
+path, or reports a node's children as drawn from its parent's distribution; a drafter that
+caps num_nodes at the policy's drafts (forgetting the root), leaves the root token a
+placeholder, or breaks ties between continuations with a coin. Planted elsewhere:
+non-topological parents and one token too many (test_conformance_kit.py). Every property of
+every kind has its planted bug (the last test checks the list).
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ def test_every_property_of_these_kinds_has_a_planted_bug_here():
 
 # ----------------------------------------------------------------------------- tree policies
 from specdec.hookspecs import hookimpl  # noqa: E402
-from specdec.policies import DynamicPolicy  # noqa: E402
+from specdec.policies import DynamicPolicy, SampledPolicy, group_sizes  # noqa: E402
 from specdec.policies.shapes import StaticPolicy  # noqa: E402
 from specdec.policies.static_tree import static_tree  # noqa: E402
 from specdec.registry import get_plugin_manager  # noqa: E402
@@ -243,6 +245,17 @@ class DropsAPath(StaticPolicy):
         return kept
 
 
+class ParentsRow(SampledPolicy):
+    """Whole i.i.d. groups, but each expanded node's children are reported as drawn from its
+    parent's distribution (`dist_index` one row too early): speculative sampling then tests
+    them against the wrong `draft_probs`."""
+
+    def grow(self, expand, batch, device):
+        grown = super().grow(expand, batch, device)
+        index = torch.where(grown.dist_index > 0, grown.dist_index - 1, grown.dist_index)
+        return type(grown)(grown.tokens, grown.parents, grown.num_nodes, index, grown.dists)
+
+
 class Planted:
     POLICIES = {
         "skips-last-call": lambda c: SkipsTheLastCall(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="skips-last-call"),
@@ -251,6 +264,8 @@ class Planted:
         "noisy-ranking": lambda c: NoisyRanking(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="noisy-ranking"),
         "k-worst": lambda c: KWorst(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="k-worst"),
         "drops-a-path": lambda c: DropsAPath(static_tree(CHOICES, budget=len(CHOICES), max_depth=3, source="test"), name="drops-a-path"),
+        "parents-row": lambda c: ParentsRow(group_sizes(c.max_total_draft_tokens, c.max_draft_len, c.topk), name="parents-row"),
+        "sampled-copy": lambda c: SampledPolicy(group_sizes(c.max_total_draft_tokens, c.max_draft_len, c.topk), name="sampled-copy"),
     }
 
     @hookimpl
@@ -281,3 +296,123 @@ def test_each_tree_policy_property_catches_its_planted_bug(name, prop, message):
     results = check([name], pm=pm, config=config, scale=0.5, out=out, only=prop, shrink=False)
     assert [r.ok for r in results] == [False], out.getvalue()
     assert re.search(message, results[0].error), results[0].error
+
+
+def test_the_sampling_property_catches_draft_probabilities_from_the_parents_row():
+    """Only the distribution test reads `dist_index`; the same built-in, under the same config
+    and examples, passes it. Four examples: the bug fails one alone for ~90% of table seeds."""
+    import re
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(Planted())
+    prop = "with every lossless sampling verifier it allows, emitted tokens follow the target"
+    verdicts = {}
+    for name in ("parents-row", "sampled-copy"):
+        out = __import__("io").StringIO()
+        verdicts[name] = check([name], pm=pm, config=DYN, scale=2.0, out=out, only=prop, shrink=False)
+    bad, good = verdicts["parents-row"], verdicts["sampled-copy"]
+    assert [r.ok for r in bad] == [False] and [r.ok for r in good] == [True], (bad, good)
+    assert re.search(r"verifier='speculative': first two tokens: TV=.* > tau=", bad[0].error), bad[0].error
+
+
+# ----------------------------------------------------------------------------- drafters
+from specdec.drafters.ngram_drafter import NgramDrafter, NgramIndex, NgramOptions  # noqa: E402
+
+
+class CapsAtTheBudget(NgramDrafter):
+    """num_nodes capped at the policy's S drafts instead of the S + 1 tree slots: a full tree
+    loses its last node but keeps that node's parent in the padding."""
+
+    def propose_host(self, accept_length, accept_tokens, root_tokens, active):
+        tokens, parents, num_nodes = super().propose_host(accept_length, accept_tokens, root_tokens, active)
+        return tokens, parents, num_nodes.clamp(max=self.policy.num_nodes)
+
+
+class PlaceholderRoot(NgramDrafter):
+    """Node 0 left as token 0, a placeholder for the root token the author thought the engine
+    writes in: the target reads the wrong token at the root."""
+
+    def propose_host(self, accept_length, accept_tokens, root_tokens, active):
+        tokens, parents, num_nodes = super().propose_host(accept_length, accept_tokens, root_tokens, active)
+        tokens[:, 0] = 0
+        return tokens, parents, num_nodes
+
+
+class _CoinIndex(NgramIndex):
+    def children(self, occurrences):
+        return sorted(super().children(occurrences), key=lambda c: (-c[1], float(torch.rand(()))))
+
+
+class CoinTies(NgramDrafter):
+    """Continuations of equal count ranked by a coin (torch's global generator) instead of the
+    most recent occurrence first: two runs of the same requests draft other chains."""
+
+    def prefill(self, slot, next_tokens, hidden=None, start=0):
+        if start == 0 or self.slots[slot] is None:
+            self.slots[slot] = _CoinIndex(self.options.min_match, self.options.max_match)
+        self.slots[slot].extend(next_tokens.reshape(-1).tolist())
+
+
+class PlantedDrafters:
+    DRAFTERS = {"caps-at-the-budget": CapsAtTheBudget, "placeholder-root": PlaceholderRoot, "coin-ties": CoinTies}
+
+    @hookimpl
+    def specdec_strategy_names(self):
+        return {"drafter": list(self.DRAFTERS)}
+
+    @hookimpl
+    def specdec_capture_layers(self, config, target):
+        return () if config.drafter in self.DRAFTERS else None
+
+    @hookimpl
+    def specdec_draft(self, config, target, policy):
+        make = self.DRAFTERS.get(config.drafter)
+        return None if make is None else make(config, NgramOptions(), policy=policy)
+
+
+def _drafter_verdicts(names, prop):
+    """Twice the ci examples: with them the coins of every global seed tried (12) differ
+    between the two runs; with fewer, one seed in four draws the same chains twice."""
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(PlantedDrafters())
+    with torch.random.fork_rng():  # CoinTies' coins: the same draws every run of this test
+        torch.manual_seed(0)
+        return check(names, pm=pm, scale=2.0, out=__import__("io").StringIO(), only=prop, shrink=False)
+
+
+@pytest.mark.parametrize("name, prop, message", [
+    ("caps-at-the-budget", "every proposed tree has the declared shape", r"prompt \d+ failed: AssertionError: row \d+: padding parents are not -1"),
+    ("placeholder-root", "greedy decoding with it equals target-only", r"tree='linear': \[\[.*\]\] != target-only"),
+    ("coin-ties", "the same requests draft the same trees", r"proposal \d+ differs|\d+ vs \d+ proposals"),
+], ids=["caps-at-the-budget", "placeholder-root", "coin-ties"])
+@pytest.mark.filterwarnings("ignore:.*request\\(s\\) failed", "ignore:.*accepts almost nothing")
+def test_each_drafter_property_catches_its_planted_bug(name, prop, message):
+    import re
+
+    results = _drafter_verdicts([name, "ngram"], prop)
+    assert [(r.subject, r.ok) for r in results] == [(name, False), ("ngram", True)], [(r.subject, r.error) for r in results]
+    assert re.search(message, results[0].error), results[0].error
+
+
+@pytest.mark.filterwarnings("ignore:.*accepts almost nothing")
+def test_a_drafter_that_breaks_the_contract_mid_run_still_decodes_exactly():
+    """The capped num_nodes shows only once a tree is full, after the first proposals, and the
+    engine turns it into a failed request, not a raise (the contract property now fails on the
+    failed request; it used to pass); greedy decoding without the checker stays exact."""
+    assert [r.ok for r in _drafter_verdicts(["caps-at-the-budget"], "greedy decoding with it equals target-only")] == [True]
+
+
+def test_every_tree_policy_and_drafter_property_has_a_planted_bug():
+    from specdec.testing import properties_for
+
+    subjects = [Subject("dynamic", "tree-policy", obj=DynamicPolicy(2, 2, 3)),
+                Subject("static", "tree-policy", obj=StaticPolicy(static_tree(CHOICES, budget=len(CHOICES), max_depth=3, source="test"))),
+                Subject("ngram", "drafter")]
+    names = {p.name for s in subjects for p in properties_for(s)}
+    planted = {"expand is called D times", "every node is a candidate of its parent's expansion",
+               "greedy policies keep no two siblings", "the same candidates grow the same tree", "dynamic keeps exactly the K best",
+               "a static tree holds exactly its paths", "emitted tokens follow the target",
+               "every proposed tree has the declared shape", "greedy decoding with it equals target-only",
+               "the same requests draft the same trees",
+               "every tree is topological"}  # the last: `Reversed` in test_conformance_kit.py
+    assert len(names) == 11 and all(any(p in name for p in planted) for name in names), sorted(names)

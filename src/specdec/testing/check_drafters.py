@@ -8,8 +8,9 @@
 
 The contract is checked on every `propose` / `propose_host` call through a pluggy wrapper
 around `specdec_draft` (`ContractChecker`), so any drafter, built-in or third party, is
-checked as the engine really drives it. Built-in heads (eagle3, mtp) get random weights
-when no checkpoint is given; other drafters take their options from the user.
+checked as the engine really drives it; a request the engine fails (a broken contract, a
+drafter that raises) fails the property with its error. Built-in heads (eagle3, mtp) get
+random weights when no checkpoint is given; other drafters take their options from the user.
 """
 
 from __future__ import annotations
@@ -138,7 +139,13 @@ def _decoder(subject, target, shape: dict, checker: ContractChecker | None):
 
 
 def _run(dec, prompts, new):
-    return [r.token_ids for r in dec.generate(prompts, SamplingParams(max_new_tokens=new, ignore_eos=True))]
+    """Each prompt's new tokens. A request the engine failed (the drafter raised, or broke the
+    contract the `ContractChecker` asserts) fails the check with its error: the engine turns
+    a step's exception into ``finish_reason="error"`` and a warning, not a raise."""
+    results = dec.generate(prompts, SamplingParams(max_new_tokens=new, ignore_eos=True))
+    for i, r in enumerate(results):
+        assert r.stats.finish_reason != "error", f"tree={dec.config.tree!r}: prompt {i} failed: {r.stats.error}"
+    return [r.token_ids for r in results]
 
 
 @st.composite
