@@ -2,8 +2,9 @@
 adaptive speculation keep it from ever costing throughput?
 
 For each target and batch size B (`--batch-sizes`, default 1 4 16 64) three decoders with
-`max_batch_size=B` each generate `--new-tokens` greedy tokens (default 64) for 2B prompts
-(continuous batching: a finished request's slot takes the next prompt), and we report
+`max_batch_size=B` each generate `--new-tokens` greedy tokens (default 64) for max(2B, 16)
+prompts (`--min-requests`; at least 16 so that batch 1 times more than a fraction of a second;
+continuous batching: a finished request's slot takes the next prompt), and we report
 output tok/s:
 
 - target-only (`drafter="none"`), the baseline;
@@ -116,7 +117,7 @@ def eight_b(device, dtype, quick: bool, accept_all: bool):
 
 # ----------------------------------------------------------------------------- runs
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
-    """Output tok/s of one decoder kind at batch B on 2B prompts (warm-up not timed)."""
+    """Output tok/s of one decoder kind at batch B on max(2B, --min-requests) prompts (warm-up not timed)."""
     base = SpecConfig(max_batch_size=B, max_seq_len=args.max_seq_len, compile=args.compile, cuda_graphs=args.cuda_graphs)
     if kind == "target-only":
         config, draft = base.replace(drafter="none"), None
@@ -126,7 +127,7 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     pm = get_plugin_manager()
     pm.register(ForcedPlugin())
     dec = SpecDecoder.from_pretrained(target, draft, config, pm=pm)
-    batch = [prompts[i % len(prompts)] for i in range(2 * B)]
+    batch = [prompts[i % len(prompts)] for i in range(max(2 * B, args.min_requests))]
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     device = next(target.model.parameters()).device
     warm_s = warm_up(dec, batch, [B], device)  # every setup, the baseline included, warm before timing
@@ -165,6 +166,7 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
     p.add_argument("--new-tokens", type=int, default=None)
     p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--min-requests", type=int, default=None, help="requests per batch size at least (default 16; --quick 2)")
     p.add_argument("--compile", default="auto")
     p.add_argument("--cuda-graphs", default="auto")
     p.add_argument("--out", default=None, help="JSON lines of every row")
@@ -177,6 +179,8 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     sizes = args.batch_sizes or ([1, 2] if quick else [1, 4, 16, 64])
     new_tokens = args.new_tokens or (8 if quick else 64)
+    if args.min_requests is None:
+        args.min_requests = 2 if quick else 16
     if quick:
         torch.set_num_threads(1)
     head_line = header(device, dtype, " / ".join(map(str, sizes)), new_tokens=new_tokens)
