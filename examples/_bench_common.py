@@ -3,8 +3,10 @@
 Owns: progress printing (flushed, so a run cut at its time limit still shows what it
 measured), the header line (device, torch, dtype, batch), the markdown table, the JSON-lines
 output file (`--out`), device syncs, a per-step wall-clock observer for `SpecDecoder.engine`,
-and random EAGLE-3 heads built in place on the device. It knows nothing of which setups a
-benchmark runs or how it reports them.
+random EAGLE-3 heads built in place on the device, prompt files (`--prompts`:
+`read_prompt_file`, `encode_file_prompt`), the implied step cost R (`implied_step_cost`) and
+kernels launched per step (`kernels_per_step`, torch.profiler). It knows nothing of which
+setups a benchmark runs or how it reports them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,15 +30,23 @@ except ImportError:  # pragma: no cover - depends on the tree's age
     from specdec.decoder import SpecDecoder
 
 __all__ = [
+    "FilePrompt",
     "JsonLines",
+    "PromptFileError",
     "SpecDecoder",
     "StepTimer",
+    "count_kernels",
     "device_name",
+    "encode_file_prompt",
     "fmt",
+    "fmt_count",
     "header",
+    "implied_step_cost",
+    "kernels_per_step",
     "log",
     "markdown_table",
     "random_eagle3_head",
+    "read_prompt_file",
     "sync",
     "warm_up",
 ]
@@ -164,3 +175,272 @@ def random_eagle3_head(config: Eagle3Config, *, device: torch.device, dtype: tor
     with torch.device(device):  # init_random_ draws with default-device factories
         model = init_random_(Eagle3Model(config), gen, std=std)
     return model.to(dtype).eval().requires_grad_(False)
+
+
+# ----------------------------------------------------------------------------- R: the implied step cost
+def implied_step_cost(tau: float | None, speedup: float | None) -> float | None:
+    """R = tau / speedup: what one step of a setup costs, in target-only steps, as its tok/s implies.
+
+    A setup that emits `tau` tokens per target forward and runs `speedup` times target-only's
+    tok/s (same run, same batch) spends tau / speedup target-only steps per step (target-only:
+    tau 1, speedup 1, R 1.00). None when either is unknown (a transformers row has no tau) or
+    the speedup is not positive."""
+    if tau is None or speedup is None:
+        return None
+    tau, speedup = float(tau), float(speedup)
+    if math.isnan(tau) or math.isnan(speedup) or speedup <= 0:
+        return None
+    return tau / speedup
+
+
+# ----------------------------------------------------------------------------- prompt files (--prompts)
+class PromptFileError(ValueError):
+    """A prompt file that cannot be read; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class FilePrompt:
+    """One prompt of a prompt file: raw `text` continued as is (no chat template), `text` as one
+    user message through the chat template (`chat=True`), or a whole conversation (`messages`,
+    through the chat template)."""
+
+    text: str | None = None
+    chat: bool = False
+    messages: tuple[dict, ...] | None = None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.chat or self.messages is not None
+
+
+PROMPT_FILE_FORMATS = """\
+FILE.json: a JSON list; FILE.jsonl: one JSON entry per line; any other name: plain text, one
+raw prompt per line (blank lines skipped). An entry is a string (raw text, continued without a
+chat template, like the built-in code prompts), or an object with one of
+  "prompt": a string (raw; add "chat": true to send it as one user message through the chat template),
+  "text": a string, with "chat": true/false (the format of specdec's shipped heldout_prompts.jsonl),
+  "messages": a list of {"role", "content"} objects (through the chat template, with the
+              assistant's generation prompt, like the built-in chat prompts);
+other keys are ignored."""
+
+
+def _entry(item, where: str) -> FilePrompt:
+    """One JSON entry as a FilePrompt; raises ValueError naming `where` (the file's name is added by the caller)."""
+    if isinstance(item, str):
+        if not item.strip():
+            raise ValueError(f"{where}: the prompt is an empty string")
+        return FilePrompt(text=item)
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected a string or an object with \"prompt\", \"text\" or \"messages\", "
+                         f"got {type(item).__name__} {str(item)[:60]!r}")
+    keys = [k for k in ("prompt", "text", "messages") if k in item]
+    if len(keys) != 1:
+        what = "none of" if not keys else "more than one of"
+        raise ValueError(f"{where}: an object needs exactly one of \"prompt\", \"text\", \"messages\"; it has {what} "
+                         f"them (keys: {', '.join(map(repr, item)) or 'none'})")
+    chat = item.get("chat", False)
+    if not isinstance(chat, bool):
+        raise ValueError(f"{where}: \"chat\" must be true or false, got {chat!r}")
+    key = keys[0]
+    if key == "messages":
+        messages = item["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"{where}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} objects, "
+                             f"got {str(messages)[:60]!r}")
+        for j, m in enumerate(messages):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"{where}: message {j} must be an object with string \"role\" and \"content\", "
+                                 f"got {str(m)[:60]!r}")
+        return FilePrompt(messages=tuple(dict(role=m["role"], content=m["content"]) for m in messages))
+    text = item[key]
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: \"{key}\" must be a non-empty string, got {str(text)[:60]!r}")
+    return FilePrompt(text=text, chat=chat)
+
+
+def read_prompt_file(path) -> list[FilePrompt]:
+    """The prompts of a prompt file (`PROMPT_FILE_FORMATS`), in file order.
+
+    Raises `PromptFileError` naming the file and the problem: no such file, not UTF-8 text,
+    invalid JSON, not a list, no prompts, or an entry of the wrong type or shape (its index in
+    a JSON list, its line in a .jsonl or text file)."""
+    path = Path(path)
+    name = f"prompt file {str(path)!r}"
+    if not path.exists():
+        raise PromptFileError(f"{name}: no such file")
+    if not path.is_file():
+        raise PromptFileError(f"{name}: not a file")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PromptFileError(f"{name}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise PromptFileError(f"{name}: cannot be read ({err.strerror or err})") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            try:
+                data = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+            if not isinstance(data, list):
+                raise ValueError(f"expected a JSON list of prompts, got a JSON {type(data).__name__}")
+            prompts = [_entry(item, f"entry {i}") for i, item in enumerate(data)]
+        elif suffix == ".jsonl":
+            prompts = []
+            for n, line in enumerate(raw.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"line {n}: not valid JSON ({err.msg}, column {err.colno})") from None
+                prompts.append(_entry(item, f"line {n}"))
+        else:  # plain text: one raw prompt per line
+            prompts = [FilePrompt(text=line) for line in raw.splitlines() if line.strip()]
+    except ValueError as err:
+        raise PromptFileError(f"{name}: {err}") from None
+    if not prompts:
+        raise PromptFileError(f"{name}: holds no prompts" + (" (an empty list)" if suffix == ".json" else ""))
+    return prompts
+
+
+def encode_file_prompt(prompt: FilePrompt, tokenizer, vocab_size: int | None = None, *, where: str = "") -> list[int]:
+    """Token ids of a `FilePrompt`, as bench_e2e encodes its built-in prompts: raw text through the
+    tokenizer (no special tokens), chat prompts through the chat template with the generation
+    prompt. Without a tokenizer (tiny random targets) the UTF-8 bytes modulo `vocab_size` (a
+    conversation as "role: content" lines). Raises `PromptFileError` (prefixed with `where`)
+    for a chat prompt without a chat template or a prompt that encodes to no tokens."""
+    messages = list(prompt.messages) if prompt.messages is not None else (
+        [{"role": "user", "content": prompt.text}] if prompt.chat else None)
+    if tokenizer is None:
+        if vocab_size is None:
+            raise ValueError("encode_file_prompt without a tokenizer needs vocab_size")
+        text = prompt.text if messages is None else "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        ids = [b % vocab_size for b in text.encode("utf-8")]
+    else:
+        text = prompt.text
+        if messages is not None:
+            if not getattr(tokenizer, "chat_template", None):
+                raise PromptFileError(f"{where}a chat prompt, but the target's tokenizer has no chat template")
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise PromptFileError(f"{where}encodes to no tokens")
+    return ids
+
+
+# ----------------------------------------------------------------------------- kernels per step
+def fmt_count(value) -> str:
+    """A count cell: '-' when missing, an integer when whole, else one decimal."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def count_kernels(events) -> tuple[int, int]:
+    """(device kernels, CUDA-graph launches) among torch.profiler `FunctionEvent`s.
+
+    A kernel: a CUDA-device event whose kineto activity type is "kernel" (torch versions
+    without `activity_type`: any CUDA-device event that is no memcpy, memset or sync record).
+    A graph launch: a host `cudaGraphLaunch` / `cuGraphLaunch` runtime or driver call."""
+    from torch.autograd import DeviceType
+
+    kernels = launches = 0
+    for e in events:
+        name = str(getattr(e, "name", ""))
+        if getattr(e, "device_type", None) == DeviceType.CUDA:
+            kind = getattr(e, "activity_type", None)
+            if kind:
+                kernels += str(kind).lower() == "kernel"
+            else:
+                kernels += not (name.startswith(("Memcpy", "Memset")) or "Sync" in name)
+        elif name.startswith(("cudaGraphLaunch", "cuGraphLaunch")):  # CUPTI may add a version: _v10000
+            launches += 1
+    return kernels, launches
+
+
+def _profile_steps(engine, requests, steps: int) -> tuple[int, int, int]:
+    """Profile up to `steps` `engine.step()` calls, stopping before a step that would run with
+    fewer of `requests` (a smaller batch); returns (kernels, graph launches, steps profiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specdec.request import RUNNING
+
+    done = 0
+    torch.cuda.synchronize(engine.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            if any(r.status != RUNNING for r in requests):
+                break
+            engine.step()  # ends in the token hand-off: the step's kernels have run
+            done += 1
+        torch.cuda.synchronize(engine.device)
+    kernels, launches = count_kernels(prof.events())
+    return kernels, launches, done
+
+
+def kernels_per_step(decoder, prompts: list[list[int]], *, max_new_tokens: int, steps: int = 4,
+                     warm_steps: int = 2) -> tuple[float | None, str]:
+    """CUDA kernels launched per steady-state step of `decoder`, batch len(prompts): (count, how).
+
+    Submits `prompts` (greedy, `max_new_tokens` each, EOS ignored), runs the engine until all
+    are prefilled and running plus `warm_steps` steps, then profiles up to `steps`
+    `engine.step()` calls with torch.profiler (CUPTI) and counts the kernel records per step
+    (memcpys, memsets and syncs are not kernels); the requests are aborted afterwards and the
+    decoder is idle again. Its observers see those steps; call it after the timed runs (the
+    profiler can leave CUPTI attached, which may slow the CUDA work that follows).
+
+    With CUDA graphs the step is one `cudaGraphLaunch`; CUPTI reports each kernel node of a
+    replayed graph as a kernel record, so the graph's kernels are counted (seen on the H200,
+    torch 2.11 + CUDA 13.0: a tiny 6-layer target-only step counted 252 kernels replayed and
+    246 eagerly; the replayed graph also runs its captured device-to-device copies as driver
+    kernels, `memcpy32_post`, and the attention's split combine that its max_seq_len key bound
+    needs, which the eager step's tighter bound skips). Should a trace show no more kernel
+    records than graph launches (the graph not expanded), the same decoder's step is profiled
+    again eagerly (`time_phases(True)`: the same step function, compiled pieces still
+    compiled, graphs not replayed) and `how` says so. Not on the CPU: returns (None, reason).
+    Never raises: on any failure it logs one line and returns (None, "failed: ...")."""
+    engine = decoder.engine
+    if engine.device.type != "cuda":
+        return None, "not counted on the CPU"
+    if steps <= 0:
+        return None, "not counted (steps=0)"
+    from specdec import SamplingParams
+    from specdec.request import RUNNING
+
+    requests = []
+    phases = engine.phase_timing
+    try:
+        params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        requests = [engine.submit(list(p), params) for p in prompts]
+        for _ in range(10_000):  # admit and prefill them all (steps of those already running run too)
+            if all(r.status == RUNNING for r in requests) or any(r.finished for r in requests):
+                break
+            engine.run_iteration()
+        if not all(r.status == RUNNING for r in requests):
+            raise RuntimeError("the requests did not all reach the running state (one ended or failed in prefill)")
+        for _ in range(warm_steps):
+            engine.step()
+        kernels, launches, done = _profile_steps(engine, requests, steps)
+        how = "graph replay" if launches else "eager step"
+        if launches and kernels <= launches:  # the trace did not expand the graph into its kernels
+            decoder.time_phases(True)  # the same step, run eagerly (no graph replay)
+            for _ in range(warm_steps):
+                engine.step()
+            kernels, launches, done = _profile_steps(engine, requests, steps)
+            how = "eager step (the profiler did not show the graph's kernels)"
+        if not done:
+            raise RuntimeError(f"no step left to profile: max_new_tokens={max_new_tokens} ran out in warm-up")
+        return kernels / done, f"{how}, {done} steps"
+    except Exception as err:  # a count is a nicety: never cost the benchmark its rows
+        first = (str(err).splitlines() or [""])[0][:200]
+        log(f"kernels per step: not counted ({type(err).__name__}: {first})")
+        return None, f"failed: {type(err).__name__}: {first}"
+    finally:
+        engine.phase_timing = phases
+        for r in requests:
+            try:
+                engine.abort(r)
+            except Exception as err:  # pragma: no cover - abort of a finished request is a no-op
+                log(f"kernels per step: abort failed ({type(err).__name__}: {err})")

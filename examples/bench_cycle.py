@@ -13,7 +13,16 @@ context; attention splits keys by each row's real length, so one CUDA graph serv
 context), `warmup()`ed before its first context; `--decoder-per-context` builds one per
 context instead, sized to it.
 
-R = step ms / target-only step ms at the same context (the cycle cost of speculation).
+R = step ms / target-only step ms at the same context (the cycle cost of speculation; the
+same R as bench_e2e's tau / speedup, measured here directly: a step of tau tokens in ms runs
+tau * target-only ms / ms times target-only's tok/s). kernels/step: CUDA kernels launched per
+step (`_bench_common.kernels_per_step`: torch.profiler CUPTI kernel records over
+`--kernel-steps` (default 4) steady-state `engine.step()` calls at the row's context, memcpys
+and memsets excluded; with CUDA graphs each replayed graph's kernel nodes are counted, and
+were they missing from the trace the step is profiled eagerly and the JSON line's
+"kernels_how" says so). They are counted after every setup has been timed (the profiler may
+leave CUPTI attached and slow what follows), so each decoder is kept until then; `-` on the
+CPU (--quick), where nothing is claimed.
 Bandwidth: a target-only step must read every weight once (the input embedding table
 excepted: one row per token is read) and the context's KV (2 * layers * kv_heads *
 head_dim * context * bytes); that over the step time, against the device-to-device copy
@@ -22,6 +31,9 @@ bandwidth measured in the same run (a large `copy_`, read + write bytes, median 
     python examples/bench_cycle.py                      # H200: contexts 1024 4096, 64 steps
     python examples/bench_cycle.py --setups target-only chain-3 --contexts 1024
     python examples/bench_cycle.py --quick              # CPU smoke run: tiny shape, contexts 32 64, 8 steps
+
+With --out, a "row" JSON line is written as each row is timed, then a "kernels" line per row
+(key, name, context, kernels_per_step, kernels_how) once the kernels are counted.
 """
 
 from __future__ import annotations
@@ -33,8 +45,8 @@ import statistics
 import time
 
 import torch
-from _bench_common import (JsonLines, SpecDecoder, StepTimer, fmt, header, log, markdown_table, random_eagle3_head,
-                           sync, warm_up)
+from _bench_common import (JsonLines, SpecDecoder, StepTimer, fmt, fmt_count, header, kernels_per_step, log,
+                           markdown_table, random_eagle3_head, sync, warm_up)
 from bench_target import LLAMA31_8B, TINY
 
 from specdec import SamplingParams, SpecConfig
@@ -70,6 +82,8 @@ def parse_args():
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
     p.add_argument("--decoder-per-context", action="store_true",
                    help="build (and warm up) a decoder per context, sized to it (default: one per setup)")
+    p.add_argument("--kernel-steps", type=int, default=4,
+                   help="steps profiled per row for kernels/step, after all timing (CUDA only; 0: skip)")
     p.add_argument("--out", default=None, help="also write every row as a JSON line to this file")
     return p.parse_args()
 
@@ -218,6 +232,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     prompts = {c: torch.randint(0, cfg.vocab_size, (c,), generator=gen).tolist() for c in contexts}
     rows, notes = [], []
+    count_kernels = device.type == "cuda" and args.kernel_steps > 0
+    kept = []  # (row, decoder): kernels per step are counted once nothing is timed any more
     for key in setups:
         name, base = SETUPS[key]
         dec = None
@@ -226,13 +242,17 @@ def main() -> None:
                 longest = ctx if args.decoder_per_context else max(contexts)
                 warm = [prompts[c] for c in contexts if c <= longest]
                 dec, timer, built = build_decoder(key, name, base, target, head, longest, steps, args, device, dtype, warm)
-            row = dict(key=key, name=name, **built, **time_steps(dec, timer, prompts[ctx], steps, skip))
+            row = dict(key=key, name=name, **built, **time_steps(dec, timer, prompts[ctx], steps, skip),
+                       kernels_per_step=None, kernels_how=None if count_kernels else "not counted")
+            if count_kernels:
+                kept.append((row, dec))
             if args.profile and ctx == contexts[0] and device.type == "cuda":
                 profile_steps(dec, prompts[ctx], name)
             if args.decoder_per_context:
                 dec = None
                 free(device)
-            base_row = next((r for r in rows if r["key"] == "target-only" and r["context"] == ctx), None)
+            base_row = row if key == "target-only" else next(
+                (r for r in rows if r["key"] == "target-only" and r["context"] == ctx), None)  # target-only: R 1.00
             row["R"] = row["ms"] / base_row["ms"] if base_row else None
             if key == "target-only":
                 kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * ctx * torch.finfo(dtype).bits // 8
@@ -246,12 +266,26 @@ def main() -> None:
         dec = None
         free(device)
 
-    cells = [[r["context"], r["name"], fmt(r["ms"], ".3f"), fmt(r["R"]), fmt(r["tau"])]
+    if kept:
+        log(f"counting kernels per step ({args.kernel_steps} steps per row; after all timing: the profiler may slow "
+            "what follows it)")
+        for row, dec in kept:
+            row["kernels_per_step"], row["kernels_how"] = kernels_per_step(
+                dec, [prompts[row["context"]]], max_new_tokens=steps + 1, steps=args.kernel_steps)
+            out.write(dict(kind="kernels", key=row["key"], name=row["name"], context=row["context"],
+                           kernels_per_step=row["kernels_per_step"], kernels_how=row["kernels_how"]))
+            log(f"KERNELS context {row['context']} | {row['name']} | {fmt_count(row['kernels_per_step'])} kernels/step "
+                f"({row['kernels_how']})")
+        kept.clear()
+        dec = None
+        free(device)
+
+    cells = [[r["context"], r["name"], fmt(r["ms"], ".3f"), fmt_count(r["kernels_per_step"]), fmt(r["R"]), fmt(r["tau"])]
              for r in sorted(rows, key=lambda r: (r["context"], setups.index(r["key"])))]
     print()
     log(head_line)
     print()
-    log(markdown_table(["context", "setup", "ms/step", "R", "tau"], cells))
+    log(markdown_table(["context", "setup", "ms/step", "kernels/step", "R", "tau"], cells))
     print()
     for r in (r for r in rows if r["key"] == "target-only"):
         log(f"- target-only at context {r['context']}: {r['gbs']:.3g} GB/s ({r['bytes'] / 1e9:.3g} GB: weights "
@@ -262,6 +296,13 @@ def main() -> None:
     grew = [f"{r['name']} @ {r['context']}" for r in rows if r["graphs_after_run"] != r["graphs_after_warmup"]]
     notes.append("CUDA graphs captured after warmup: " + (", ".join(grew) if grew else "none"))
     notes.append("random weights and head: tau ~1 (drafts are rejected), so R is the pure cost of a speculative step")
+    if count_kernels:
+        hows = sorted({r["kernels_how"] for r in rows if r.get("kernels_how")})
+        notes.append("kernels/step: CUDA kernels per step (torch.profiler kernel records, memcpy and memset excluded), "
+                     "profiled after all timing; how: " + ("; ".join(hows) or "-"))
+    else:
+        notes.append("kernels/step: counted on CUDA only (`-` here" + (", --kernel-steps 0" if args.kernel_steps <= 0
+                                                                         else "") + ")")
     if quick:
         notes.append("--quick: tiny shape on CPU; the figures only show the script runs")
     for n in notes:

@@ -18,9 +18,42 @@ tokens per target forward after prefill. "identical" counts prompts whose tokens
 specdec target-only's at the same batch size (exact in float32; in bfloat16 tree-verify and
 decode forwards round differently, so a few prompts may diverge).
 
+Step cost, beside tok/s (issue 20):
+
+- R = tau / (speedup over specdec target-only at the same batch, same run): what one step of
+  the setup costs in target-only steps, as its tok/s implies (1.00 for target-only; `-` where
+  there is no tau or no target-only row). A setup is faster than target-only iff tau > R.
+- kernels/step: CUDA kernels launched per engine step, counted with torch.profiler (CUPTI
+  kernel records; memcpys and memsets are not counted) over `--kernel-steps` (default 4)
+  steady-state `engine.step()` calls of the row's batch size, after every setup has been
+  timed (the profiler may leave CUPTI attached and slow what follows, so it never runs
+  before a timed run; each specdec decoder is kept until then). With CUDA graphs a step is
+  one graph launch, and CUPTI reports each kernel node of the replayed graph, so the graph's
+  kernels are counted; were they missing from the trace, the step is profiled eagerly
+  instead (`time_phases`) and the JSON line's "kernels_how" says so. `-` on the CPU (no
+  claim is made there) and for transformers rows.
+
+Prompt sets: by default the shipped held-out prompts (code prompts as raw text, chat prompts
+through the target's chat template). `--prompts FILE` measures any other set:
+
+- FILE.json: a JSON list; FILE.jsonl: one JSON entry per line (specdec's own
+  `src/specdec/train/heldout_prompts.jsonl` reads as is);
+- any other name: plain text, one raw prompt per line (blank lines skipped).
+
+A JSON entry is a string (raw text, continued without a chat template, like the code
+prompts) or an object with one of: "prompt" (a string, raw; with "chat": true it is one user
+message through the chat template), "text" with "chat": true/false (the held-out file's
+format), or "messages" (a list of {"role", "content"} objects, through the chat template with
+the assistant's generation prompt, like the chat prompts); other keys are ignored.
+`--num-prompts n` takes the file's first n (default: all of them). A missing file, invalid
+JSON, an empty list or an entry of the wrong type stops the run before any model loads, with
+the file and the entry named. Without a tokenizer (--quick's tiny target) a prompt's ids are
+its UTF-8 bytes modulo the vocabulary.
+
     python examples/bench_e2e.py                                  # H200: bf16, batch 1 and 8
     python examples/bench_e2e.py --dtype float32 --out e2e.jsonl  # identical outputs must be n/n
     python examples/bench_e2e.py --setups target-only hf-compiled --batch-sizes 1
+    python examples/bench_e2e.py --prompts my_prompts.json        # any prompt set (format below)
     python examples/bench_e2e.py --quick                          # CPU smoke run, tiny random models
 
 Setups (`--setups`): target-only eagle3-chain eagle3-tree mtp-chain ngram-chain hf-eager
@@ -38,7 +71,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, sync, warm_up
+from _bench_common import (JsonLines, PromptFileError, SpecDecoder, encode_file_prompt, fmt, fmt_count, header,
+                           implied_step_cost, kernels_per_step, log, markdown_table, read_prompt_file, sync, warm_up)
 
 from specdec import SamplingParams, SpecConfig
 from specdec.models import load_target, smollm2_gguf_path
@@ -77,7 +111,12 @@ def parse_args():
     p.add_argument("--quick", action="store_true", help="CPU, tiny random Llama + random heads, 3 prompts, 16 tokens")
     p.add_argument("--setups", nargs="+", choices=RUN_ORDER, default=list(RUN_ORDER))
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default: 1 8 (quick: 1 2)")
-    p.add_argument("--num-prompts", type=int, default=None, help="first n held-out prompts (default 20)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="first n held-out prompts (default 20), or of --prompts FILE (default: all)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="measure this prompt set instead (.json list, .jsonl, or text: one prompt per line; see above)")
+    p.add_argument("--kernel-steps", type=int, default=4,
+                   help="steps profiled per specdec row for kernels/step, after all timing (CUDA only; 0: skip)")
     p.add_argument("--new-tokens", type=int, default=None, help="greedy tokens per prompt (default 128; quick 16)")
     p.add_argument("--hf-eager-prompts", type=int, default=5,
                    help="transformers eager at batch 1 is timed on this many prompts (slow: ~20 ms/token)")
@@ -144,8 +183,9 @@ def chunks(items: list, size: int) -> list[list]:
 
 
 # ----------------------------------------------------------------------------- specdec
-def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device, max_seq_len) -> list[dict]:
-    """Build one decoder for `key`, warm it up, and time every batch size. Returns one row per batch size."""
+def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device, max_seq_len):
+    """Build one decoder for `key`, warm it up, and time every batch size. Returns one row per
+    batch size, and the decoder when kernels per step are to be counted after all timing (else None)."""
     setup = SPEC_SETUPS[key]
     config = setup.config.replace(
         max_batch_size=max(batch_sizes), max_seq_len=max_seq_len, compile=knob(args.compile),
@@ -180,12 +220,36 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
             tok_s=tokens / seconds, tau=sum(len(o) - 1 for o in outputs) / max(sum(steps), 1),
             warmup_s=warm_s, graphs_after_warmup=captured, graphs_after_run=dec.engine.capture_count,
             dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="",
+            kernels_per_step=None, kernels_how=None,
         ))
+    if counts_kernels(args, device):
+        return rows, dec  # profiled after every setup's timing (count_kernels_after_timing)
     del dec
+    free_device(device)
+    return rows, None
+
+
+def counts_kernels(args, device) -> bool:
+    return device.type == "cuda" and args.kernel_steps > 0
+
+
+def free_device(device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows
+
+
+def count_kernels_after_timing(kept, prompts, new_tokens, args, out) -> None:
+    """kernels/step of every kept decoder's rows (their batch sizes), once nothing is timed any more."""
+    for rows, dec in kept:
+        for r in rows:
+            batch = [prompts[i % len(prompts)] for i in range(r["batch"])]
+            r["kernels_per_step"], r["kernels_how"] = kernels_per_step(
+                dec, batch, max_new_tokens=new_tokens, steps=args.kernel_steps)
+            out.write(dict(kind="kernels", key=r["key"], name=r["name"], batch=r["batch"],
+                           kernels_per_step=r["kernels_per_step"], kernels_how=r["kernels_how"]))
+            log(f"KERNELS {r['name']} | batch {r['batch']} | {fmt_count(r['kernels_per_step'])} kernels/step "
+                f"({r['kernels_how']})")
 
 
 def _dynamo_graphs() -> int:
@@ -240,7 +304,8 @@ class HFRunner:
         tokens = sum(map(len, outputs))
         return dict(key=key, name=name, batch=B, prompts=len(prompts), new_tokens=tokens, seconds=seconds,
                     tok_s=tokens / seconds, tau=None, warmup_s=None,
-                    dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="")
+                    dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="",
+                    kernels_per_step=None, kernels_how="transformers: not counted")
 
 
 def run_hf(key, runner: HFRunner, prompts, batch_sizes, args, compile_on: bool) -> tuple[list[dict], list[str]]:
@@ -304,23 +369,26 @@ def run_hf(key, runner: HFRunner, prompts, batch_sizes, args, compile_on: bool) 
 
 # ----------------------------------------------------------------------------- report
 def fill_comparisons(rows: list[dict]) -> None:
-    """Speedups over specdec target-only and transformers compiled, and outputs identical to target-only."""
+    """Speedups over specdec target-only and transformers compiled, R (the step cost in target-only
+    steps: tau / speedup over target-only), and outputs identical to target-only."""
     for r in rows:
         base = next((x for x in rows if x["key"] == "target-only" and x["batch"] == r["batch"]), None)
         hf = next((x for x in rows if x["key"] == "hf-compiled" and x["batch"] == r["batch"]), None)
         r["speedup_vs_target_only"] = r["tok_s"] / base["tok_s"] if base else None
         r["speedup_vs_hf_compiled"] = r["tok_s"] / hf["tok_s"] if hf else None
+        r["R"] = implied_step_cost(r["tau"], r["speedup_vs_target_only"])
         r["identical"] = None
         if base is not None:  # r may cover the first few prompts only (transformers eager)
             r["identical"] = sum(a == b for a, b in zip(r["outputs"], base["outputs"]))
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["setup", "batch", "tok/s", "tau", "vs specdec target-only", "vs transformers compiled",
+    cols = ["setup", "batch", "tok/s", "kernels/step", "R", "tau", "vs specdec target-only", "vs transformers compiled",
             "identical to target-only"]
     order = sorted(rows, key=lambda r: (r["batch"], TABLE_ORDER.index(r["key"])))
     cells = [[
-        r["name"], r["batch"], fmt(r["tok_s"], ".1f"), fmt(r["tau"]),
+        r["name"], r["batch"], fmt(r["tok_s"], ".1f"), fmt_count(r.get("kernels_per_step")), fmt(r.get("R")),
+        fmt(r["tau"]),
         fmt(r["speedup_vs_target_only"], ".2f", suffix="x"), fmt(r["speedup_vs_hf_compiled"], ".2f", suffix="x"),
         "-" if r["identical"] is None else f"{r['identical']}/{len(r['outputs'])} prompts",
     ] for r in order]
@@ -333,7 +401,17 @@ def main() -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not quick else "cpu"))
     dtype = getattr(torch, args.dtype or ("float32" if quick else "bfloat16"))
     batch_sizes = args.batch_sizes or ([1, 2] if quick else [1, 8])
-    n_prompts = args.num_prompts or (3 if quick else 20)
+    file_prompts = None
+    if args.prompts:  # read and checked before any model loads
+        try:
+            file_prompts = read_prompt_file(args.prompts)
+        except PromptFileError as err:
+            raise SystemExit(f"bench_e2e.py --prompts: {err}") from None
+        if args.num_prompts is not None and not 1 <= args.num_prompts <= len(file_prompts):
+            raise SystemExit(f"bench_e2e.py: --num-prompts {args.num_prompts}, but prompt file {args.prompts!r} "
+                             f"holds {len(file_prompts)} prompts; allowed: 1..{len(file_prompts)}")
+        file_prompts = file_prompts[: args.num_prompts]
+    n_prompts = len(file_prompts) if file_prompts else args.num_prompts or (3 if quick else 20)
     new_tokens = args.new_tokens or (16 if quick else 128)
     if quick:
         torch.set_num_threads(1)  # tiny matmuls: more threads only contend on a shared box
@@ -344,12 +422,25 @@ def main() -> None:
     target_path, heads = tiny_assets(Path(tmp.name)) if quick else smollm2_assets()
     t0 = time.perf_counter()
     target = load_target(target_path, device=device, dtype=dtype)
-    prompts = random_ids(target.info.vocab_size, n_prompts) if quick else heldout_ids(target, n_prompts)
+    if file_prompts:
+        try:
+            prompts = [encode_file_prompt(p, target.tokenizer, target.info.vocab_size,
+                                          where=f"prompt file {args.prompts!r}, prompt {i}: ")
+                       for i, p in enumerate(file_prompts)]
+        except PromptFileError as err:
+            raise SystemExit(f"bench_e2e.py --prompts: {err}") from None
+        chat = sum(p.is_chat for p in file_prompts)
+        prompt_set = f"{args.prompts} ({len(prompts) - chat} raw, {chat} chat)"
+    elif quick:
+        prompts, prompt_set = random_ids(target.info.vocab_size, n_prompts), "random ids"
+    else:
+        prompts, prompt_set = heldout_ids(target, n_prompts), "shipped held-out"
     lengths = sorted(map(len, prompts))
     what = "tiny random Llama + random heads" if quick else "SmolLM2-135M-Instruct + shipped heads"
     log(f"target: {what}, {target.info.num_layers} layers, loaded in {time.perf_counter() - t0:.1f} s; "
-        f"{len(prompts)} prompts of {lengths[0]}..{lengths[-1]} tokens, {new_tokens} new tokens each")
-    head_line = header(device, dtype, " / ".join(map(str, batch_sizes)), prompts=len(prompts), new_tokens=new_tokens)
+        f"{len(prompts)} prompts ({prompt_set}) of {lengths[0]}..{lengths[-1]} tokens, {new_tokens} new tokens each")
+    head_line = header(device, dtype, " / ".join(map(str, batch_sizes)), prompts=len(prompts), new_tokens=new_tokens,
+                       prompt_set=prompt_set)
     log(head_line)
     out = JsonLines(args.out, dict(header=head_line, quick=quick, batch_sizes=batch_sizes, new_tokens=new_tokens))
 
@@ -358,11 +449,14 @@ def main() -> None:
     max_seq_len = -(-(lengths[-1] + new_tokens + widest + 1) // 128) * 128
     pad_id = target.tokenizer.pad_token_id if target.tokenizer is not None else None
     pad_id = pad_id if pad_id is not None else 0
-    rows, notes, runner = [], [], None
+    rows, notes, runner, kept = [], [], None, []
     for key in setups:
         try:
             if key in SPEC_SETUPS:
-                new = run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device, max_seq_len)
+                new, dec = run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtype, device,
+                                       max_seq_len)
+                if dec is not None:
+                    kept.append((new, dec))
             else:
                 if runner is None:
                     runner = HFRunner(target.path, dtype, device, new_tokens, pad_id)
@@ -378,8 +472,15 @@ def main() -> None:
             rows.append(r)
             fill_comparisons(rows)
             out.write({k: v for k, v in r.items() if k != "outputs"} | {"kind": "row"})
-            log(f"ROW {r['name']} | batch {r['batch']} | {r['tok_s']:.1f} tok/s | tau {fmt(r['tau'])} | vs target-only "
-                f"{fmt(r['speedup_vs_target_only'])} | vs hf compiled {fmt(r['speedup_vs_hf_compiled'])}")
+            log(f"ROW {r['name']} | batch {r['batch']} | {r['tok_s']:.1f} tok/s | R {fmt(r['R'])} | tau {fmt(r['tau'])} "
+                f"| vs target-only {fmt(r['speedup_vs_target_only'])} | vs hf compiled {fmt(r['speedup_vs_hf_compiled'])}")
+    if kept:
+        runner = None  # transformers' model is not needed any more
+        log(f"counting kernels per step ({args.kernel_steps} steps per row; after all timing: the profiler may slow "
+            "what follows it)")
+        count_kernels_after_timing(kept, prompts, new_tokens, args, out)
+        kept.clear()
+        free_device(device)
 
     spec_rows = [r for r in rows if r["key"] in SPEC_SETUPS]
     if spec_rows:
@@ -391,6 +492,16 @@ def main() -> None:
         notes.insert(0, "specdec `warmup()` seconds: " + ", ".join(f"{n} {s:.1f}" for n, s in warm.items()) + ".")
         notes.insert(1, "CUDA graphs captured after warmup: " + ("none" if not grew else "; ".join(grew))
                      + "; torch.compile graphs made while timing: " + ("; ".join(recompiled) or "none") + ".")
+    if device.type == "cuda" and args.kernel_steps > 0:
+        hows = sorted({r["kernels_how"] for r in spec_rows if r.get("kernels_how")})
+        notes.append("kernels/step: CUDA kernels per engine step (torch.profiler kernel records, memcpy and memset "
+                     "excluded), profiled after all timing at the row's batch size; how: " + ("; ".join(hows) or "-")
+                     + ".")
+    else:
+        notes.append("kernels/step: counted on CUDA only (`-` here" + (", --kernel-steps 0" if args.kernel_steps <= 0
+                                                                         else "") + ").")
+    notes.append("R = tau / speedup over specdec target-only (same batch): a step's cost in target-only steps as "
+                 "tok/s implies it (prefill and the host's share included); speculation gains iff tau > R.")
     notes.append(
         "identical: prompts whose new tokens equal specdec target-only's at the same batch size"
         + (" (float32: every specdec row must be n/n)." if dtype == torch.float32 else

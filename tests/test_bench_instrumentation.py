@@ -1,0 +1,176 @@
+"""The benchmarks' instrumentation (examples/_bench_common.py): prompt files (`--prompts`), the
+implied step cost R, and the kernel-event count behind kernels/step. CPU only, no model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from _bench_common import (FilePrompt, PromptFileError, count_kernels, encode_file_prompt,  # noqa: E402
+                           fmt_count, implied_step_cost, read_prompt_file)
+
+
+def write(tmp_path: Path, name: str, content) -> Path:
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    return path
+
+
+# ----------------------------------------------------------------------------- formats
+def test_json_list_of_strings_is_raw_text(tmp_path):
+    path = write(tmp_path, "p.json", ["def fib(n):", "import os\n"])
+    assert read_prompt_file(path) == [FilePrompt(text="def fib(n):"), FilePrompt(text="import os\n")]
+
+
+def test_json_objects_prompt_text_and_messages(tmp_path):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    path = write(tmp_path, "p.json", [
+        {"prompt": "raw"},
+        {"prompt": "a question", "chat": True, "id": 7},  # other keys are ignored
+        {"kind": "code", "source": "stdlib:x.py", "text": "class A:", "chat": False},
+        {"messages": messages},
+    ])
+    got = read_prompt_file(path)
+    assert got == [
+        FilePrompt(text="raw"),
+        FilePrompt(text="a question", chat=True),
+        FilePrompt(text="class A:"),
+        FilePrompt(messages=tuple(messages)),
+    ]
+    assert [p.is_chat for p in got] == [False, True, False, True]
+
+
+def test_jsonl_reads_the_shipped_heldout_format(tmp_path):
+    lines = [json.dumps({"kind": "code", "source": "s", "text": "x = 1", "chat": False}), "",
+             json.dumps({"kind": "explain", "source": "s", "text": "Why?", "chat": True}), json.dumps("plain")]
+    path = write(tmp_path, "p.jsonl", "\n".join(lines) + "\n")
+    assert read_prompt_file(path) == [FilePrompt(text="x = 1"), FilePrompt(text="Why?", chat=True),
+                                      FilePrompt(text="plain")]
+
+
+def test_shipped_heldout_file_reads():
+    import specdec.train.prompts as sp
+
+    prompts = read_prompt_file(sp.FROZEN_HELDOUT)
+    assert len(prompts) == len(sp.read_prompts(sp.FROZEN_HELDOUT))
+    assert any(p.chat for p in prompts) and any(not p.chat for p in prompts)
+
+
+def test_text_file_one_raw_prompt_per_line(tmp_path):
+    path = write(tmp_path, "p.txt", "first prompt\n\n  \nsecond [not json]\n")
+    assert read_prompt_file(path) == [FilePrompt(text="first prompt"), FilePrompt(text="second [not json]")]
+
+
+# ----------------------------------------------------------------------------- bad input: the error names file and entry
+@pytest.mark.parametrize("name, content, expected", [
+    ("p.json", [], "holds no prompts (an empty list)"),
+    ("p.jsonl", "\n\n", "holds no prompts"),
+    ("p.txt", "  \n\n", "holds no prompts"),
+    ("p.json", {"prompt": "x"}, "expected a JSON list of prompts, got a JSON dict"),
+    ("p.json", "[\"a\",", "not valid JSON (line 1"),
+    ("p.json", ["ok", 3], "entry 1: expected a string or an object"),
+    ("p.json", ["ok", None], "entry 1: expected a string or an object"),
+    ("p.json", [["a", "b"]], "entry 0: expected a string or an object"),
+    ("p.json", [""], "entry 0: the prompt is an empty string"),
+    ("p.json", [{"content": "x"}], "entry 0: an object needs exactly one of"),
+    ("p.json", [{"prompt": "x", "messages": []}], "entry 0: an object needs exactly one of"),
+    ("p.json", [{"prompt": 5}], "entry 0: \"prompt\" must be a non-empty string"),
+    ("p.json", [{"prompt": "x", "chat": "yes"}], "entry 0: \"chat\" must be true or false"),
+    ("p.json", [{"messages": []}], "entry 0: \"messages\" must be a non-empty list"),
+    ("p.json", [{"messages": "hi"}], "entry 0: \"messages\" must be a non-empty list"),
+    ("p.json", [{"messages": [{"role": "user"}]}], "entry 0: message 0 must be an object"),
+    ("p.jsonl", "\"ok\"\n{broken\n", "line 2: not valid JSON"),
+    ("p.jsonl", "\"ok\"\n42\n", "line 2: expected a string or an object"),
+    ("p.json", b"\xff\xfe[]", "not UTF-8 text"),
+])
+def test_bad_file_names_file_and_problem(tmp_path, name, content, expected):
+    path = write(tmp_path, name, content)
+    with pytest.raises(PromptFileError) as err:
+        read_prompt_file(path)
+    assert str(path) in str(err.value) and expected in str(err.value), str(err.value)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(PromptFileError, match="no such file") as err:
+        read_prompt_file(tmp_path / "nope.json")
+    assert "nope.json" in str(err.value)
+    with pytest.raises(PromptFileError, match="not a file"):
+        read_prompt_file(tmp_path)
+
+
+# ----------------------------------------------------------------------------- encoding
+class FakeTokenizer:
+    chat_template = "{{ messages }}"
+
+    def __call__(self, text, add_special_tokens=True):
+        assert add_special_tokens is False
+        return {"input_ids": [ord(c) for c in text]}
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt and not tokenize
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+def test_encoding_raw_chat_and_no_tokenizer():
+    tok = FakeTokenizer()
+    assert encode_file_prompt(FilePrompt(text="ab"), tok) == [97, 98]
+    assert encode_file_prompt(FilePrompt(text="q", chat=True), tok) == [ord(c) for c in "<user>q<assistant>"]
+    conv = FilePrompt(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"}))
+    assert encode_file_prompt(conv, tok) == [ord(c) for c in "<system>s<user>u<assistant>"]
+    assert encode_file_prompt(FilePrompt(text="ab"), None, vocab_size=64) == [97 % 64, 98 % 64]
+    assert encode_file_prompt(conv, None, vocab_size=256) == list(b"system: s\nuser: u")
+
+
+def test_encoding_chat_without_template_is_an_error():
+    tok = FakeTokenizer()
+    tok.chat_template = None
+    with pytest.raises(PromptFileError, match="prompt 3: a chat prompt, but the target's tokenizer has no chat template"):
+        encode_file_prompt(FilePrompt(text="q", chat=True), tok, where="prompt 3: ")
+
+
+# ----------------------------------------------------------------------------- R
+def test_implied_step_cost():
+    assert implied_step_cost(1.0, 1.0) == 1.0  # target-only
+    assert implied_step_cost(3.0, 2.0) == pytest.approx(1.5)  # 3 tokens per step at 2x: a step costs 1.5
+    assert implied_step_cost(2.0, 2.5) == pytest.approx(0.8)
+    assert implied_step_cost(None, 2.0) is None  # transformers rows have no tau
+    assert implied_step_cost(2.0, None) is None  # no target-only row to compare with
+    assert implied_step_cost(2.0, 0.0) is None
+    assert implied_step_cost(float("nan"), 1.0) is None
+
+
+def test_implied_step_cost_matches_the_measured_step_ratio():
+    """tok/s = tau / step time, so tau / speedup is the step-time ratio bench_cycle measures."""
+    base_ms, ms, tau = 10.0, 17.0, 3.4
+    speedup = (tau / ms) / (1.0 / base_ms)
+    assert implied_step_cost(tau, speedup) == pytest.approx(ms / base_ms)
+
+
+# ----------------------------------------------------------------------------- kernel events
+def test_count_kernels_counts_kernel_records_and_graph_launches():
+    from torch.autograd import DeviceType
+
+    def ev(name, device, kind=None):
+        e = SimpleNamespace(name=name, device_type=device)
+        if kind is not None:
+            e.activity_type = kind
+        return e
+
+    with_types = [ev("cudaGraphLaunch", DeviceType.CPU, "cuda_runtime"), ev("gemm", DeviceType.CUDA, "kernel"),
+                  ev("triton_fused", DeviceType.CUDA, "kernel"), ev("Memcpy DtoH", DeviceType.CUDA, "gpu_memcpy"),
+                  ev("Memset (Device)", DeviceType.CUDA, "gpu_memset"), ev("aten::mm", DeviceType.CPU, "cpu_op")]
+    assert count_kernels(with_types) == (2, 1)
+    without_types = [ev("cudaGraphLaunch_v10000", DeviceType.CPU), ev("gemm", DeviceType.CUDA),
+                     ev("Memcpy HtoD (Pinned -> Device)", DeviceType.CUDA), ev("Memset (Device)", DeviceType.CUDA),
+                     ev("Stream Sync", DeviceType.CUDA)]
+    assert count_kernels(without_types) == (1, 1)
+    assert [fmt_count(v) for v in (None, 12.0, 12, 12.25)] == ["-", "12", "12", "12.2"]
