@@ -38,7 +38,8 @@ import gc
 import time
 
 import torch
-from _bench_common import JsonLines, SpecDecoder, fmt, header, log, markdown_table, random_eagle3_head, sync, warm_up
+from _bench_common import (JsonLines, SpecDecoder, TimedRegion, fmt, header, log, markdown_table, random_eagle3_head, sync,
+                           warm_up)
 
 from specdec import SamplingParams, SpecConfig, hookimpl
 from specdec.adaptive import DecisionLog
@@ -116,6 +117,26 @@ def eight_b(device, dtype, quick: bool, accept_all: bool):
 
 
 # ----------------------------------------------------------------------------- runs
+class PhaseClock:
+    """Host seconds spent in one engine method (wrapped on the instance, unwrapped by `stop`)."""
+
+    def __init__(self, engine, method: str) -> None:
+        self.engine, self.method, self.seconds = engine, method, 0.0
+        inner = getattr(engine, method)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        setattr(engine, method, timed)
+
+    def stop(self) -> None:
+        delattr(self.engine, self.method)
+
+
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     """Output tok/s of one decoder kind at batch B on max(2B, --min-requests) prompts (warm-up not timed)."""
     base = SpecConfig(max_batch_size=B, max_seq_len=args.max_seq_len, compile=args.compile, cuda_graphs=args.cuda_graphs)
@@ -136,18 +157,29 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     if rule is not None:  # count the timed run's decisions only (the estimates stay warm)
         rule.decisions, rule.probes = {True: 0, False: 0}, 0
         dec.add_observer(decision_log)
-    sync(device)
-    t0 = time.perf_counter()
-    results = dec.generate(batch, params, progress=False)
-    sync(device)
-    seconds = time.perf_counter() - t0
+    engine = dec.engine
+    prefill = PhaseClock(engine, "_advance_prefills")  # host time admitting prompts (ends in a sync per prompt)
+    steps_before = engine.step_times.seconds
+    with TimedRegion() as region:
+        sync(device)
+        t0 = time.perf_counter()
+        results = dec.generate(batch, params, progress=False)
+        sync(device)
+        seconds = time.perf_counter() - t0
+    prefill.stop()
+    step_s = engine.step_times.seconds - steps_before
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.stats.steps for r in results)
     decisions = None if rule is None else dict(speculative=rule.decisions[True], plain=rule.decisions[False], probes=rule.probes)
     row = dict(kind=kind, batch=B, tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
                tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1), warmup_s=warm_s,
                decisions=decisions, costs=None if rule is None else rule.costs.table(),
-               decision_summary=decision_log.summary() if rule is not None else None)
+               decision_summary=decision_log.summary() if rule is not None else None,
+               step_s=step_s, prefill_s=prefill.seconds, other_s=seconds - step_s - prefill.seconds,
+               decode_tok_s=(tokens - len(results)) / step_s if step_s else float("nan"),  # tokens the steps made
+               gc_ms=region.gc_ms, gc_collections=region.collections)
+    log(f"  {kind}: {seconds:.2f} s = steps {step_s:.2f} + prefill {prefill.seconds:.2f} + other {row['other_s']:.2f}; "
+        f"decode {row['decode_tok_s']:.0f} tok/s; gc {region.collections} collections, {region.gc_ms:.1f} ms")
     for d in row["decision_summary"] or []:
         log(f"  adaptive bucket {d['bucket']:>3} {d['variant']:<11} steps {d['steps']:>4} (probes {d['probes']:>3}) "
             f"predicted {d['predicted_tok_s']:8.1f} tok/s, measured {d['measured_tok_s']:8.1f} tok/s (step tokens / step seconds)")
@@ -213,16 +245,26 @@ def main() -> None:
                 continue
             best = max(r["target-only"]["tok_s"], r["fixed"]["tok_s"])
             d = r["adaptive"]["decisions"]
+            dec_base = r["target-only"]["decode_tok_s"]
+            dec_best = max(dec_base, r["fixed"]["decode_tok_s"])
             cells.append([name, B, fmt(r["target-only"]["tok_s"], ".0f"), fmt(r["fixed"]["tok_s"], ".0f"),
                           fmt(r["fixed"]["vs_target_only"], suffix="x"), fmt(r["adaptive"]["tok_s"], ".0f"),
                           fmt(r["adaptive"]["vs_target_only"], suffix="x"), fmt(r["adaptive"]["tok_s"] / best, suffix="x"),
-                          fmt(r["adaptive"]["tau"]), f"{d['speculative']} : {d['plain']} ({d['probes']})"])
+                          fmt(r["fixed"]["decode_tok_s"] / dec_base, suffix="x"),
+                          fmt(r["adaptive"]["decode_tok_s"] / dec_base, suffix="x"),
+                          fmt(r["adaptive"]["decode_tok_s"] / dec_best, suffix="x"),
+                          fmt(r["adaptive"]["tau"]), f"{d['speculative']} : {d['plain']} ({d['probes']})",
+                          " / ".join(fmt(r[k]["step_s"] / r[k]["seconds"], ".0%") for k in ("target-only", "fixed", "adaptive"))])
     print()
     log(head_line)
     print()
     log(markdown_table(["target", "batch", "target-only tok/s", "fixed tok/s", "fixed vs target-only",
-                        "adaptive tok/s", "adaptive vs target-only", "adaptive vs best of both", "adaptive tau",
-                        "adaptive steps speculative : plain (probes)"], cells))
+                        "adaptive tok/s", "adaptive vs target-only", "adaptive vs best of both",
+                        "decode: fixed vs target-only", "decode: adaptive vs target-only", "decode: adaptive vs best",
+                        "adaptive tau", "adaptive steps speculative : plain (probes)",
+                        "time in steps (target-only / fixed / adaptive)"], cells))
+    log("\ntok/s: output tokens over the whole run (prefill, admission and steps); decode: the tokens the "
+        "steps made over the time in steps (what adaptive decides), from engine.step_times.")
     out.close()
 
 

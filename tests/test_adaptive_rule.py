@@ -49,10 +49,12 @@ def drive(rule: AdaptiveRule, requests, accepts, steps: int, bucket: int, spec_s
 
 # ----------------------------------------------------------------------------- estimates
 def test_expected_tokens_is_one_plus_the_sum_of_survival_products():
-    est = DepthAcceptance(3, forget=1.0)  # no forgetting: plain counts, prior p = 1 (one pseudo-observation)
-    for a in (3, 1, 0, 3):  # depth 1 tried 4x, accepted 3x; depth 2 tried 3x, 2x; depth 3 tried 2x, 2x
-        est.observe(a, 3)
-    p1, p2, p3 = (3 + 1) / (4 + 1), (2 + 1) / (3 + 1), (2 + 1) / (2 + 1)
+    est = DepthAcceptance(3, forget=1.0)  # no forgetting: plain counts; one pseudo-observation of
+    for a in (3, 1, 0, 3):  # p = 1 at depth 1 and of the depth above's estimate deeper down
+        est.observe(a, 3)  # depth 1 tried 4x, accepted 3x; depth 2 tried 3x, 2x; depth 3 tried 2x, 2x
+    p1 = (3 + 1) / (4 + 1)
+    p2 = (2 + p1) / (3 + 1)
+    p3 = (2 + p2) / (2 + 1)
     assert est.p(1) == pytest.approx(p1) and est.p(2) == pytest.approx(p2) and est.p(3) == pytest.approx(p3)
     assert est.expected_tokens(3) == pytest.approx(1 + p1 + p1 * p2 + p1 * p2 * p3)
     assert est.expected_tokens(1) == pytest.approx(1 + p1)
@@ -73,6 +75,15 @@ def test_forgetting_weighs_recent_steps_more():
         est.observe(a, 1)
     assert est.reached[0] == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert est.accepted[0] == pytest.approx(0.5 + 0.25 + 0.125)
+
+
+def test_a_depth_never_reached_is_presumed_like_the_one_above():
+    pool = DepthAcceptance(4, forget=1.0)
+    for _ in range(9):
+        pool.observe(0, 4)  # depth 1 always rejected: depths 2-4 never drafted
+    assert pool.p(1) == pytest.approx(1 / 10)
+    assert pool.p(2) == pool.p(3) == pool.p(4) == pytest.approx(1 / 10)
+    assert pool.expected_tokens(4) == pytest.approx(1 + 0.1 + 0.01 + 0.001 + 0.0001)
 
 
 def test_a_fresh_estimate_is_its_prior():
@@ -147,12 +158,11 @@ def test_decision_sequence_when_speculation_always_pays():
 
 
 def test_decision_sequence_when_drafts_are_never_accepted():
-    """Nothing accepted and a speculative step 1.5x the plain: the optimistic first steps
-    speculate (the second because depths 2-4 were never reached, so they are still presumed
-    accepted), then plain, with speculative probes at doubling intervals."""
+    """Nothing accepted and a speculative step 1.5x the plain: the optimistic first step
+    speculates, then plain, with speculative probes at doubling intervals."""
     rule = planted_rule(1.5, 1.0)
     seq = drive(rule, [Req()], lambda step, i: 0, 80, bucket=1, spec_s=1.5, plain_s=1.0)
-    assert seq == "SS" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" * 32 + "s" + "P" * 14
+    assert seq == "S" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" * 32 + "s" + "P" * 15
     assert rule.probes == 4
 
 
@@ -170,11 +180,11 @@ def test_after_acceptance_collapses_mid_run_it_stops_speculating_within_six_step
 
 def test_a_probe_that_flips_the_choice_resets_the_interval():
     """Plain at first (acceptance 0); from step 30 every draft would be accepted: the next
-    speculative probe (step 32) finds it, the rule switches to speculating and, the interval
+    speculative probe (step 31) finds it, the rule switches to speculating and, the interval
     reset, probes plain 4 speculative steps later (the probe counts as the first), then 8."""
     rule = planted_rule(1.5, 1.0)
     seq = drive(rule, [Req()], lambda step, i: 0 if step < 30 else D, 60, bucket=1, spec_s=1.5, plain_s=1.0)
-    assert seq == "SS" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "SSS" + "p" + "S" * 8 + "p" + "S" * 14
+    assert seq == "S" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "SSS" + "p" + "S" * 8 + "p" + "S" * 15
 
 
 def test_buckets_keep_their_own_costs_and_probe_schedules():

@@ -57,6 +57,10 @@ class DepthAcceptance:
 
     Counts decay by `forget` per observation; `prior` (another `DepthAcceptance`, read at
     query time) adds one pseudo-observation per depth, so a fresh estimate is the prior's.
+    Without a prior (the engine-wide pool) the pseudo-observation is 1 at depth 1 and, at a
+    deeper depth, the estimate of the depth above: a head that is never accepted at depth 1
+    has never been tried at depth 2, and is not presumed perfect there (which once made the
+    rule speculate on 1 step in 6 with a head that was never right).
     """
 
     def __init__(self, depth: int, forget: float, prior: "DepthAcceptance | None" = None) -> None:
@@ -77,7 +81,10 @@ class DepthAcceptance:
 
     def p(self, d: int) -> float:
         """Acceptance at depth d (1-based) given depth d - 1 was accepted."""
-        prior = 1.0 if self.prior is None else self.prior.p(d)  # optimistic before any evidence
+        if self.prior is not None:
+            prior = self.prior.p(d)
+        else:  # optimistic before any evidence; a depth never reached is presumed like the one above it
+            prior = 1.0 if d == 1 else self.p(d - 1)
         return (self.accepted[d - 1] + prior) / (self.reached[d - 1] + 1.0)
 
     def expected_tokens(self, depth_limit: int) -> float:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import json
 import os
 import re
@@ -566,6 +567,11 @@ def _serve(args) -> int:
     dec = load_decoder(args, config)
     if args.warmup:
         _note(f"warm-up took {dec.warmup(progress=True).seconds:.1f} s")
+    # The model, compiled code and graphs live as long as the server: move them out of the
+    # cyclic collector's reach, or a full collection rescans them mid-request (0.4 s measured
+    # on a 2-core CPU with a compiled tiny model; vLLM freezes after capture for the same reason).
+    gc.collect()
+    gc.freeze()
     name = args.model_name or Path(str(args.target)).name.removesuffix(".gguf")
     _log_to_stderr(args.log_level)
     _note(f"serving {name} on http://{args.host}:{args.port}/v1 (max_batch_size={config.max_batch_size}; "
