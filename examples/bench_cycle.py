@@ -45,8 +45,8 @@ import statistics
 import time
 
 import torch
-from _bench_common import (JsonLines, SpecDecoder, StepTimer, fmt, fmt_count, header, kernels_per_step, log,
-                           markdown_table, random_eagle3_head, sync, warm_up)
+from _bench_common import (JsonLines, SpecDecoder, StepTimer, TimedRegion, fmt, fmt_count, header, kernels_per_step,
+                           log, markdown_table, random_eagle3_head, sync, warm_up)
 from bench_target import LLAMA31_8B, TINY
 
 from specdec import SamplingParams, SpecConfig
@@ -172,7 +172,8 @@ def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps
 def time_steps(dec, timer: StepTimer, prompt: list[int], steps: int, skip: int) -> dict:
     """Prefill `prompt`, run `steps` steps (the prefill emits the first token) and time them."""
     timer.reset()
-    result = dec.generate([prompt], SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))[0]
+    with TimedRegion():  # no collector pause lands between two step stamps
+        result = dec.generate([prompt], SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))[0]
     ms, used = timer.step_ms(skip)
     return dict(context=len(prompt), ms=ms, intervals=used, steps=result.stats.steps,
                 tau=result.stats.mean_accept_length, graphs_after_run=dec.engine.capture_count)

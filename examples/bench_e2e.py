@@ -71,8 +71,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _bench_common import (JsonLines, PromptFileError, SpecDecoder, encode_file_prompt, fmt, fmt_count, header,
-                           implied_step_cost, kernels_per_step, log, markdown_table, read_prompt_file, sync, warm_up)
+from _bench_common import (JsonLines, PromptFileError, SpecDecoder, TimedRegion, encode_file_prompt, fmt, fmt_count,
+                           header, implied_step_cost, kernels_per_step, log, markdown_table, read_prompt_file, sync,
+                           warm_up)
 
 from specdec import SamplingParams, SpecConfig
 from specdec.models import load_target, smollm2_gguf_path
@@ -205,11 +206,12 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
         outputs, steps, seconds = [], [], 0.0
         graphs_before = _dynamo_graphs()
         for chunk in chunks(prompts, B):
-            sync(device)
-            t0 = time.perf_counter()
-            results = dec.generate(chunk, sampling)
-            sync(device)
-            seconds += time.perf_counter() - t0
+            with TimedRegion():  # no collector pause lands in the timing
+                sync(device)
+                t0 = time.perf_counter()
+                results = dec.generate(chunk, sampling)
+                sync(device)
+                seconds += time.perf_counter() - t0
             outputs += [r.token_ids for r in results]
             steps += [r.stats.steps for r in results]
             log(f"  [{setup.name} | batch {B}] {len(outputs)}/{len(prompts)} prompts, "
@@ -294,11 +296,12 @@ class HFRunner:
         outputs, seconds = [], 0.0
         graphs_before = _dynamo_graphs()
         for chunk in chunks(prompts, B):
-            sync(self.device)
-            t0 = time.perf_counter()
-            outputs += self.generate(chunk, **kw)
-            sync(self.device)
-            seconds += time.perf_counter() - t0
+            with TimedRegion():
+                sync(self.device)
+                t0 = time.perf_counter()
+                outputs += self.generate(chunk, **kw)
+                sync(self.device)
+                seconds += time.perf_counter() - t0
             log(f"  [{name} | batch {B}] {len(outputs)}/{len(prompts)} prompts, "
                 f"{sum(map(len, outputs)) / seconds:.1f} tok/s so far")
         tokens = sum(map(len, outputs))
