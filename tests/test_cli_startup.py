@@ -63,6 +63,8 @@ def _table(stdout: str) -> set[tuple[str, str, str]]:
     (["generate", "--help"], 0, "installed: eagle3, mtp, ngram, none"),
     (["serve", "--help"], 0, "--verifier"),
     (["check", "--help"], 0, "--profile"),
+    (["train", "--help"], 0, "eagle3"),
+    (["train", "eagle3", "--help"], 0, "--data-mix"),
     (["genrate", "x"], 2, "did you mean generate?"),
     (["generate", "--target", "t", "--dtype", "bf16", "x"], 2, "did you mean bfloat16?"),
     (["generate", "--target", "t", "--topkk", "3", "x"], 2, "did you mean --topk?"),

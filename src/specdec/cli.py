@@ -384,7 +384,7 @@ def _check(args) -> int:
 # ------------------------------------------------------------------------- train
 @command("train", "train a draft head (see `specdec train --help`)")
 def _train(args) -> int:  # reached only through `main`'s delegation below
-    from .train import main as train_main
+    from .train.cli import main as train_main
 
     return train_main(args.rest) or 0
 

@@ -13,14 +13,38 @@ Pipeline (one command: `python -m specdec.train eagle3 --target PATH --out DIR`)
 5. `evaluate`: acceptance length and speed on held-out prompts; `plot`: the curves PNG.
 """
 
-from .cli import main
-from .data import TrainBatch, collate, epoch_batches
-from .distill import DistillData, build_distill_data, generate_responses
-from .prompts import Prompt, encode_prompt, frozen_heldout_prompts, heldout_prompts, is_heldout, sample_prompts
-from .teacher import TeacherOutput, dense_forward, teacher_forward
-from .trainer import TrainConfig, TrainResult, build_head, train_eagle3
-from .ttt import estimated_accept_length, ttt_attention, ttt_attention_ref, ttt_mask, ttt_unroll
-from .vocab import build_vocab_map, coverage, token_counts
+import importlib
+
+_EXPORTS = {  # name -> submodule: imported on first use (PEP 562), so `specdec train --help` stays light
+    "DistillData": "distill",
+    "Prompt": "prompts",
+    "TeacherOutput": "teacher",
+    "TrainBatch": "data",
+    "TrainConfig": "trainer",
+    "TrainResult": "trainer",
+    "build_distill_data": "distill",
+    "build_head": "trainer",
+    "build_vocab_map": "vocab",
+    "collate": "data",
+    "coverage": "vocab",
+    "dense_forward": "teacher",
+    "encode_prompt": "prompts",
+    "epoch_batches": "data",
+    "estimated_accept_length": "ttt",
+    "frozen_heldout_prompts": "prompts",
+    "generate_responses": "distill",
+    "heldout_prompts": "prompts",
+    "is_heldout": "prompts",
+    "main": "cli",
+    "sample_prompts": "prompts",
+    "teacher_forward": "teacher",
+    "token_counts": "vocab",
+    "train_eagle3": "trainer",
+    "ttt_attention": "ttt",
+    "ttt_attention_ref": "ttt",
+    "ttt_mask": "ttt",
+    "ttt_unroll": "ttt",
+}
 
 __all__ = [
     "DistillData",
@@ -52,3 +76,15 @@ __all__ = [
     "ttt_mask",
     "ttt_unroll",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

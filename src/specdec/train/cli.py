@@ -23,8 +23,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 __all__ = ["main"]
 
 def _target_path(spec: str):
@@ -35,13 +33,17 @@ def _target_path(spec: str):
     return Path(spec).expanduser()
 
 
-def _device(spec: str) -> torch.device:
+def _device(spec: str):
+    import torch
+
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(spec)
 
 
-def _dtype(spec: str) -> torch.dtype:
+def _dtype(spec: str):
+    import torch
+
     dtype = getattr(torch, spec, None)
     if not isinstance(dtype, torch.dtype):
         raise SystemExit(f"--dtype {spec!r} is not a torch dtype (float32, bfloat16, float16)")
