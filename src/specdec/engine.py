@@ -7,9 +7,10 @@ happen on the host, one `run_iteration` at a time (continuous batching):
 - admission: submitted requests wait in a queue (`submit`); between steps the oldest
   waiting ones take free slots (the lowest, so live slots stay packed at the front and the
   batch bucket stays small) when the KV pool can back their prompt;
-- chunked prefill (`config.prefill_chunk_size` tokens per forward): while other requests
-  are running, one chunk per iteration, so a new prompt never stalls them for longer than
-  one chunk; then the first token;
+- chunked, grouped prefill (`config.prefill_chunk_size` padded tokens per forward): the
+  next chunks of several prefilling requests share one target forward (a GPU prefill costs
+  mostly launches); while other requests are running, one forward per iteration, so a new
+  prompt never stalls them for longer than one chunk; then the first tokens (drawn together);
 - reserving KV blocks ahead of need (`config.kv_lookahead_steps` steps ahead, one
   asynchronous pinned copy of the block tables per step, never inside the device step);
 - host drafters (n-gram): drafting between steps from the hand-off lists;
@@ -70,6 +71,8 @@ class TargetRunner(Protocol):
         """Run one prompt chunk `[T] int64` of `slot` at positions start..start+T-1.
 
         Returns (logits of the chunk's last token [V] float32, drafter states [T, width] or None).
+        A runner may also offer `prefill_many(slots, chunks, starts)` (several slots' chunks
+        in one forward; `ModelRunner.prefill_many`), which the engine then uses.
         """
 
     def verify(
@@ -333,21 +336,39 @@ class SpecEngine:
         return True
 
     def _advance_prefills(self) -> None:
-        """Prefill chunks, oldest request first, up to `prefill_chunk_size` prompt tokens per
-        iteration while others run (so they wait at most one chunk's worth; several short
-        prompts share an iteration, a long one takes one chunk of it), until one runs otherwise."""
-        budget, spent = self.config.prefill_chunk_size, 0
+        """Prefill chunks, oldest request first, `prefill_chunk_size` padded prompt tokens per
+        forward: several prompts share one forward (`_prefill_group`), a long one takes one
+        chunk of it. While others run, one forward per iteration (so they wait at most one
+        chunk's worth); otherwise forwards follow each other until a request runs."""
         while True:
             prefilling = sorted((r for r in self.slots if r is not None and r.status == PREFILLING),
                                 key=lambda r: r.admitted)
             if not prefilling:
                 return
-            request = prefilling[0]
-            chunk = min(budget, len(request.prefill_tokens) - request.prefilled)
-            if spent and spent + chunk > budget and self.running():
+            group = self._prefill_group(prefilling)
+            if len(group) > 1:
+                self._prefill_together(group)
+            else:
+                self._prefill_step(group[0])
+            if self.running():
                 return
-            self._prefill_step(request)
-            spent += chunk
+
+    def _prefill_group(self, prefilling: list[RequestState]) -> list[RequestState]:
+        """Prefilling requests, oldest first, whose next chunks, padded to the longest, fit one
+        forward of `prefill_chunk_size` tokens: always the oldest, then each younger one that
+        still fits (one that does not waits, oldest, for the next forward); only the oldest
+        if the runner has no `prefill_many`."""
+        budget = self.config.prefill_chunk_size
+        if not hasattr(self.runner, "prefill_many"):
+            return prefilling[:1]
+        group, width = [], 0
+        for request in prefilling:
+            chunk = min(budget, len(request.prefill_tokens) - request.prefilled)
+            if group and (len(group) + 1) * max(width, chunk) > budget:
+                continue
+            group.append(request)
+            width = max(width, chunk)
+        return group
 
     def _prefill_step(self, request: RequestState) -> None:
         try:
@@ -355,36 +376,76 @@ class SpecEngine:
         except Exception as err:  # this request fails; the others go on
             self._fail([request], err)
 
+    def _prefill_together(self, group: list[RequestState]) -> None:
+        """One target forward for the next chunk of every request in `group`, then each
+        request's drafter chunk and, for a last chunk, its first token (drawn together, one
+        host sync). A failing forward is retried request by request, so only a request that
+        fails alone fails."""
+        size = self.config.prefill_chunk_size
+        seqs = [torch.tensor(r.prefill_tokens, dtype=torch.int64, device=self.device) for r in group]
+        starts = [r.prefilled for r in group]
+        ends = [min(start + size, seq.shape[0]) for start, seq in zip(starts, seqs)]
+        try:
+            logits, hidden = self.runner.prefill_many(
+                [r.slot for r in group], [seq[a:e] for seq, a, e in zip(seqs, starts, ends)], starts)  # [n, V]
+        except Exception:
+            for request in group:
+                self._prefill_step(request)
+            return
+        done = [i for i, r in enumerate(group) if ends[i] == seqs[i].shape[0] and not r.token_ids]
+        first = {}
+        if done:
+            sp = self.state.sampling
+            slots = torch.tensor([group[i].slot for i in done], device=self.device)  # [k]
+            probs = sampling_probs(logits[done], sp.temperature[slots], sp.top_k[slots], sp.top_p[slots], sp.min_p[slots])
+            at = torch.tensor([seqs[i].shape[0] for i in done], dtype=torch.int64, device=self.device)  # [k]
+            u = counter_uniforms(sp.seed[slots], at, 1, STREAM_FIRST_TOKEN)  # [k, 1]
+            first = dict(zip(done, sample_from_probs(probs, u[:, 0]).tolist()))  # host sync, once per group
+        for i, request in enumerate(group):
+            h = None if hidden is None else hidden[i]
+            try:
+                self._finish_chunk(request, seqs[i], starts[i], ends[i], h, first.get(i))
+            except Exception as err:  # this request fails; the others go on
+                self._fail([request], err)
+
     def _prefill_chunk(self, request: RequestState) -> None:
         """One prefill chunk of target and drafter; the last one also makes the request running."""
-        slot, drafter = request.slot, self.strategies.drafter
+        slot = request.slot
         seq = torch.tensor(request.prefill_tokens, dtype=torch.int64, device=self.device)
         L, start = seq.shape[0], request.prefilled
         end = min(start + self.config.prefill_chunk_size, L)
         logits, hidden = self.runner.prefill(slot, seq[start:end], start)  # [V], [T, w]
+        first = None
+        if end == L and not request.token_ids:
+            sp, pick = self.state.sampling, slice(slot, slot + 1)
+            probs = sampling_probs(logits[None], sp.temperature[pick], sp.top_k[pick], sp.top_p[pick], sp.min_p[pick])
+            u = counter_uniforms(sp.seed[pick], torch.full((1,), L, dtype=torch.int64, device=self.device), 1,
+                                 STREAM_FIRST_TOKEN)
+            first = int(sample_from_probs(probs, u[:, 0])[0])  # host sync (prefill is not the hot loop)
+        self._finish_chunk(request, seq, start, end, hidden, first)
+
+    def _finish_chunk(self, request: RequestState, seq: torch.Tensor, start: int, end: int, hidden,
+                      first: int | None) -> None:
+        """After the target ran chunk [start, end) of `seq`: the drafter's chunk; after the
+        last chunk, the first token (`first`; a request re-admitted after a preemption already
+        has it) and the request's step state, so it runs."""
+        slot, drafter, L = request.slot, self.strategies.drafter, seq.shape[0]
         if end < L:  # the chunk's next tokens are all known
             _drafter_prefill(drafter, slot, seq[start + 1 : end + 1], hidden, start)
             request.prefilled = end
             return
         resumed = bool(request.token_ids)  # re-admitted after a preemption: the root is known
-        if resumed:
-            first = torch.tensor([request.token_ids[-1]], dtype=torch.int64, device=self.device)
-        else:
-            sp, pick = self.state.sampling, slice(slot, slot + 1)
-            probs = sampling_probs(logits[None], sp.temperature[pick], sp.top_k[pick], sp.top_p[pick], sp.min_p[pick])
-            u = counter_uniforms(sp.seed[pick], torch.full((1,), L, dtype=torch.int64, device=self.device), 1,
-                                 STREAM_FIRST_TOKEN)
-            first = sample_from_probs(probs, u[:, 0])  # [1]
-        _drafter_prefill(drafter, slot, torch.cat([seq[start + 1 :], first]), hidden, start)
+        token = request.token_ids[-1] if resumed else first
+        root = torch.tensor([token], dtype=torch.int64, device=self.device)
+        _drafter_prefill(drafter, slot, torch.cat([seq[start + 1 :], root]), hidden, start)
         st = self.state
-        st.root_tokens[slot] = first[0]
+        st.root_tokens[slot] = token
         st.committed_len[slot] = L
         st.accept_length[slot] = -1
         st.accept_tokens[slot] = -1
         st.draft_budget[slot] = request.budget
         st.active[slot] = True
         request.prefilled, request.committed, request.status = L, L, RUNNING
-        token = request.token_ids[-1] if resumed else int(first[0])  # host sync (prefill is not the hot loop)
         self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = -1, [], token
         self._path_len[slot] = -1
         if not resumed:
@@ -454,7 +515,8 @@ class SpecEngine:
         return samples
 
     def _warm_prefill(self) -> None:
-        """Prefill 2 tokens, then 1, into slot 0 and forget them (compiles the prefill shapes)."""
+        """Prefill 2 tokens, then 1, into slot 0, and a group of two chunks into slots 0 and 1,
+        and forget them (compiles the prefill shapes)."""
         drafter = self.strategies.drafter
         for n in (2, 1):
             self.runner.reserve(0, n + self.lookahead)
@@ -463,6 +525,13 @@ class SpecEngine:
             _drafter_prefill(drafter, 0, tokens, hidden, 0)
             drafter.reset_slot(0)
             self.runner.free(0)
+        if hasattr(self.runner, "prefill_many") and self.config.max_batch_size >= 2:  # a grouped prefill too
+            for slot in (0, 1):
+                self.runner.reserve(slot, 2 + self.lookahead)
+            chunks = [torch.zeros(n, dtype=torch.int64, device=self.device) for n in (2, 1)]
+            self.runner.prefill_many([0, 1], chunks, [0, 0])
+            for slot in (0, 1):
+                self.runner.free(slot)
 
     def _capture(self, b: int, variant: str, pool) -> None:
         kv_len = self.config.max_seq_len

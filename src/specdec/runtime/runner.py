@@ -119,6 +119,35 @@ class ModelRunner:
         return out.logits[0, 0], hidden
 
     @torch.inference_mode()
+    def prefill_many(
+        self, slots: list[int], chunks: list[torch.Tensor], starts: list[int]
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Prompt chunks of several slots in one forward: row i is `chunks[i]` [T_i] int64 at
+        positions starts[i]..starts[i]+T_i-1 of `slots[i]`, padded to max T_i (padding writes
+        no KV). One forward instead of one per request: a prefill's cost on a GPU is mostly
+        launches, so requests admitted together share them.
+
+        Returns (logits of each chunk's last token [n, V] float32, each chunk's drafter states
+        [T_i, width], or None).
+        """
+        dev = chunks[0].device
+        lengths = [c.shape[0] for c in chunks]
+        T = max(lengths)
+        tokens = torch.nn.utils.rnn.pad_sequence(chunks, batch_first=True)  # [n, T], padded with 0
+        q_len = torch.tensor(lengths, device=dev)  # [n]
+        batch = prefill_batch(
+            self.cache, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), q_len, T,
+            max_kv_len=max(s + n for s, n in zip(starts, lengths)),
+        )
+        out = self.model(tokens, batch.positions, self.cache, batch, capture=self.capture, logits_index=(q_len - 1)[:, None])
+        hidden = None
+        if self.capture is not None:  # rows packed row after row (`CaptureBuffer.row_index`)
+            hidden = list(self.capture.rows(sum(lengths)).clone().split(lengths))
+        elif self.keep_last_hidden:
+            hidden = [out.last_hidden[i, :n] for i, n in enumerate(lengths)]
+        return out.logits[:, 0], hidden
+
+    @torch.inference_mode()
     def verify(
         self,
         tokens: torch.Tensor,

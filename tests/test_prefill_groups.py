@@ -1,0 +1,109 @@
+"""Grouped prefill: the next chunks of several prefilling requests run as one target forward
+(`ModelRunner.prefill_many`, padded to the longest), which must change nothing but the
+number of forwards: the same tokens (greedy and seeded sampling, whose first token is drawn
+for the whole group at once), the same drafter proposals and acceptance as one forward per
+request, groups that respect `prefill_chunk_size` (padded), and a group whose forward fails
+retried request by request, so only a request that fails alone fails.
+(test_chunked_prefill_drafter.py compares the drafter's trees across chunk sizes, where
+chunk 512 groups the prompts and 5 or 1 does not.)"""
+
+from __future__ import annotations
+
+import pytest
+
+import specdec
+from specdec import SamplingParams, SpecConfig, SpecDecoder
+from specdec.drafters.eagle3_checkpoint import save_eagle3
+
+from _eagle3_heads import random_head
+from _mtp_heads import e2e_cpu, random_mtp  # noqa: F401  (e2e_cpu: a fixture)
+from _tiny_models import make_checkpoint
+
+pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
+              pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")]
+PROMPTS = [[3, 14, 15, 92, 65, 35, 89], [9] * 9 + [40, 9, 9, 40, 9, 7, 7, 8, 21, 22], [71, 5], [60, 61, 62, 63, 64, 65],
+           list(range(10, 40)), [2, 4, 8, 16, 32, 64]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("group_target")
+    make_checkpoint("llama", folder, num_hidden_layers=4, seed=5)
+    head = tmp_path_factory.mktemp("group_head")
+    save_eagle3(random_head(seed=2, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(0, 1, 2), std=0.3), head)
+    return dict(target=specdec.load_target(folder), eagle3=head, mtp=random_mtp(seed=0), none=None)
+
+
+def _decoder(world, drafter: str, grouped: bool, **cfg) -> tuple[SpecDecoder, list]:
+    config = SpecConfig(drafter=drafter, max_draft_len=3, max_batch_size=4, max_seq_len=96, kv_block_size=4,
+                        prefill_chunk_size=24, **cfg)
+    dec = SpecDecoder.from_pretrained(world["target"], world[drafter], config)
+    engine, groups = dec.engine, []
+    inner_group = engine._prefill_group
+
+    def group(prefilling):
+        chosen = inner_group(prefilling) if grouped else prefilling[:1]
+        groups.append(len(chosen))
+        return chosen
+
+    engine._prefill_group = group
+    return dec, groups
+
+
+def _generate(dec, params):
+    results = dec.generate(PROMPTS, params)
+    return [r.token_ids for r in results], [r.stats.accepted_per_step for r in results]
+
+
+@pytest.mark.parametrize("drafter", ["none", "eagle3", "mtp"])
+def test_grouped_prefill_gives_what_one_forward_per_request_gives(world, drafter):
+    greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    alone, alone_groups = _decoder(world, drafter, grouped=False)
+    together, groups = _decoder(world, drafter, grouped=True)
+    assert _generate(together, greedy) == _generate(alone, greedy)
+    assert max(groups) >= 3 and set(alone_groups) == {1}  # prompts of 2-30 tokens, 24 padded tokens a forward
+
+
+def test_seeded_sampling_draws_the_same_first_token_in_a_group(world):
+    params = [SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.95, seed=1000 + i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    alone, _ = _decoder(world, "eagle3", grouped=False, verifier="speculative")
+    together, groups = _decoder(world, "eagle3", grouped=True, verifier="speculative")
+    assert [r.token_ids for r in together.generate(PROMPTS, params)] == [r.token_ids for r in alone.generate(PROMPTS, params)]
+    assert max(groups) >= 3
+
+
+def test_groups_fit_the_chunk_budget_padded_and_take_the_oldest_first(world):
+    dec, _ = _decoder(world, "eagle3", grouped=True)
+    engine, shapes = dec.engine, []
+    inner = engine.runner.prefill_many
+
+    def record(slots, chunks, starts):
+        shapes.append((len(chunks), max(c.shape[0] for c in chunks), list(slots)))
+        return inner(slots, chunks, starts)
+
+    engine.runner.prefill_many = record
+    dec.generate(PROMPTS, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert shapes and all(n * width <= 24 for n, width, _ in shapes)
+    # 4 slots: prompts 0-3 (7, 19, 2, 6 tokens) are admitted first; 19 does not fit beside 7
+    # (2 x 19 > 24), so the oldest (7) goes with the younger 2 and 6, padded to 7; 19 goes next
+    assert shapes[0] == (3, 7, [0, 2, 3])
+
+
+def test_a_failing_group_forward_is_retried_request_by_request(world):
+    reference, _ = _decoder(world, "eagle3", grouped=False)
+    dec, _ = _decoder(world, "eagle3", grouped=True)
+    inner, calls = dec.engine.runner.prefill_many, []
+
+    def flaky(slots, chunks, starts):
+        calls.append(len(chunks))
+        if len(calls) == 1:
+            raise RuntimeError("planted: this group's forward fails once")
+        return inner(slots, chunks, starts)
+
+    dec.engine.runner.prefill_many = flaky
+    greedy = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    results = dec.generate(PROMPTS, greedy)
+    assert all(r.stats.finish_reason == "length" for r in results)  # nobody failed: the retry ran each alone
+    assert [r.token_ids for r in results] == _generate(reference, greedy)[0]
+    assert len(calls) >= 2
