@@ -78,7 +78,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=None, help="steps timed per context (default 64; quick 8)")
     p.add_argument("--skip", type=int, default=None, help="first step intervals dropped (default 4; quick 2)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 MiB; quick 64)")
-    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="SpecConfig.compile")
+    p.add_argument("--compile", choices=["auto", "on", "off", "step"], default="auto",
+                   help="SpecConfig.compile (step: the whole step as one torch.compile graph per bucket)")
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
     p.add_argument("--decoder-per-context", action="store_true",
                    help="build (and warm up) a decoder per context, sized to it (default: one per setup)")
@@ -89,7 +90,7 @@ def parse_args():
 
 
 def knob(value: str):
-    return {"auto": "auto", "on": True, "off": False}[value]
+    return {"auto": "auto", "on": True, "off": False, "step": "step"}[value]
 
 
 def copy_bandwidth(device: torch.device, mib: int, iters: int = 10) -> float:

@@ -123,7 +123,8 @@ def parse_args():
                    help="transformers eager at batch 1 is timed on this many prompts (slow: ~20 ms/token)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bfloat16 (quick: float32)")
     p.add_argument("--device", default=None, help="default: cuda when available (quick: cpu)")
-    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="SpecConfig.compile")
+    p.add_argument("--compile", choices=["auto", "on", "off", "step"], default="auto",
+                   help="SpecConfig.compile (step: the whole step as one torch.compile graph per bucket)")
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
     p.add_argument("--hf-compile", choices=["auto", "on", "off"], default="auto",
                    help="torch.compile in hf-compiled: auto = on except --quick on CPU")
@@ -132,7 +133,7 @@ def parse_args():
 
 
 def knob(value: str):
-    return {"auto": "auto", "on": True, "off": False}[value]
+    return {"auto": "auto", "on": True, "off": False, "step": "step"}[value]
 
 
 # ----------------------------------------------------------------------------- models and prompts

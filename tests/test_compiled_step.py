@@ -242,3 +242,20 @@ def test_adaptive_steps_in_cuda_graphs_give_the_eager_tokens(request, name):
     dec.engine.adaptive_rule.choose = lambda bucket, running, plain: coin.random() < 0.4
     dec.engine.check_syncs = True
     assert run(dec) == eager
+
+
+@pytest.mark.parametrize("name", ["target-only", "eagle3-chain"])
+def test_the_whole_step_compiled_gives_the_eager_tokens_and_never_recompiles(request, name):
+    """`compile="step"`: the whole step function (draft, tree, verify forward, verification,
+    relocation, advance) is one torch.compile graph per bucket (fullgraph: a graph break
+    fails), compiled at warmup() and never again; with graphs on CUDA it is captured too.
+    One bucket (the whole-step compile takes ~1 min per graph on a 2-core CPU)."""
+    knobs = dict(max_batch_size=2, graph_batch_sizes=(2,))
+    prompts, lengths = PROMPTS[:4], LENGTHS[:4]
+    eager = run(decoder(request, name, compile=False, cuda_graphs=False, **knobs), prompts, lengths)
+    dec = decoder(request, name, compile="step", cuda_graphs=CUDA, **knobs)
+    assert dec.compile_step
+    dec.warmup(progress=False)
+    assert sorted(dec.engine._compiled_steps) == [(2, "speculative")]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert run(dec, prompts, lengths) == eager

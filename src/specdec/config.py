@@ -69,7 +69,7 @@ class SpecConfig:
     kv_block_size: int = 16  # tokens per paged-KV block
     num_kv_blocks: int | None = None  # None = enough for every slot at max_seq_len
     plugin_options: dict = field(default_factory=dict)  # free-form, keyed by plugin name
-    compile: bool | str = "auto"  # torch.compile the model pieces: "auto" = on for CUDA, off on CPU
+    compile: bool | str = "auto"  # torch.compile the model pieces: "auto" = on for CUDA, off on CPU; "step" = the pieces and the whole step as one graph per bucket
     cuda_graphs: bool | str = "auto"  # capture the step per batch bucket: "auto" = on for CUDA
     graph_batch_sizes: tuple[int, ...] | None = None  # batch buckets; None = 1, 2, 4, ... up to max_batch_size
     prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
@@ -88,10 +88,11 @@ class SpecConfig:
         _check_int("kv_block_size", self.kv_block_size, 1, 4096)
         if self.num_kv_blocks is not None:
             _check_int("num_kv_blocks", self.num_kv_blocks, 1)
-        for name in ("compile", "cuda_graphs"):
+        for name, words in (("compile", ("auto", "step")), ("cuda_graphs", ("auto",))):
             value = getattr(self, name)
-            if not (isinstance(value, bool) or (isinstance(value, str) and value == "auto")):
-                raise ConfigError(f"{name}={value!r} is not allowed; allowed: 'auto', True, False")
+            if not (isinstance(value, bool) or (isinstance(value, str) and value in words)):
+                allowed = ", ".join([repr(w) for w in words] + ["True", "False"])
+                raise ConfigError(f"{name}={value!r} is not allowed; allowed: {allowed}")
         if not isinstance(self.plugin_options, dict):
             raise ConfigError(
                 f"plugin_options must be a dict keyed by plugin name, got {self.plugin_options!r} "

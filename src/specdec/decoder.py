@@ -130,7 +130,8 @@ class SpecDecoder:
         if device.type == "cpu":
             apply_threads(config.threads)  # the cores other work leaves idle (`cpu_threads`)
         caps = self.strategies.drafter_caps
-        self.compiled = _knob("compile", config.compile, device)
+        self.compiled = _knob("compile", config.compile, device)  # "step" compiles the pieces too
+        self.compile_step = config.compile == "step"  # and the whole step, one graph per bucket
         self.cuda_graphs = _knob("cuda_graphs", config.cuda_graphs, device)
         runner = ModelRunner(
             target,
@@ -151,7 +152,7 @@ class SpecDecoder:
         gen = torch.Generator().manual_seed(seed)
         self.engine = SpecEngine(
             config, runner, self.strategies, device=device, generator=gen, cuda_graphs=self.cuda_graphs,
-            compiled=self.compiled,
+            compiled=self.compiled, compile_step=self.compile_step,
         )
         self._warned_weak_drafter = False
 

@@ -40,6 +40,7 @@ import torch
 
 from collections import deque
 
+from .compile_scope import compile_private
 from .config import ConfigError, SamplingParams, SpecConfig
 from .ops import sample_from_probs, sampling_probs
 from .ops.random import STREAM_FIRST_TOKEN, counter_uniforms
@@ -123,6 +124,8 @@ class SpecEngine:
         observers: host-side per-step observers (more can be appended to `observers`).
         cuda_graphs: replay each bucket's step from a CUDA graph (captured by `warmup`).
         compiled: the step's own pieces (the verifier's draws) go through torch.compile.
+        compile_step: the whole step function through torch.compile as one graph per (batch
+            bucket, variant) (`SpecConfig(compile="step")`), instead of its pieces only.
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class SpecEngine:
         observers: tuple[StepObserver, ...] = (),
         cuda_graphs: bool = False,
         compiled: bool = False,
+        compile_step: bool = False,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -148,6 +152,8 @@ class SpecEngine:
         if cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"cuda_graphs=True needs a CUDA target; the target is on {self.device}")
         self.cuda_graphs = cuda_graphs
+        self.compile_step = compile_step
+        self._compiled_steps: dict[tuple[int, str], object] = {}  # (bucket, variant) -> whole-step graph
         B = config.max_batch_size
         N = strategies.drafter.num_tree_slots
         if N > config.num_tree_slots:
@@ -467,6 +473,23 @@ class SpecEngine:
     def _step_fn(self, variant: str) -> DeviceStep:
         return self.steps[variant]
 
+    def _run_step(self, b: int, variant: str, kv_len: int | None = None) -> None:
+        """Run `variant` on bucket `b` now (eager pieces, or the whole step compiled); kv_len:
+        the static key bound, None = the live slots' reach (`_kv_len_bound`)."""
+        step = self._step_fn(variant)
+        if not self.compile_step or step.timer is not None:  # phase timing needs the boundaries
+            step(self.state.rows(b), self._kv_len_bound(b) if kv_len is None else kv_len)
+            return
+        fn = self._compiled_steps.get((b, variant))
+        if fn is None:  # a private graph per (bucket, variant): no shared recompile budget
+            fn = self._compiled_steps[(b, variant)] = compile_private(DeviceStep.__call__, fullgraph=True, dynamic=False)
+        # a static key bound: one graph per bucket, whatever the contexts (the attention reads
+        # each row's real key count on the device, so the bound costs little)
+        # under no_grad, not inference mode: AOT autograd cannot functionalize in-place updates
+        # traced under inference mode ("Cannot set version_counter for inference tensor")
+        with torch.inference_mode(False), torch.no_grad():
+            fn(step, self.state.rows(b), self.config.max_seq_len)
+
     def warmup(self, *, progress: bool = False) -> WarmupReport:
         """Run every batch bucket's step once (and a 1- and a 2-token prefill), so compiled
         pieces are compiled now, then capture one CUDA graph per bucket (and per step variant
@@ -489,7 +512,7 @@ class SpecEngine:
                 if self.cuda_graphs:
                     self._capture(b, variant, pool)
                 else:
-                    self._step_fn(variant)(self.state.rows(b), self._kv_len_bound(b))
+                    self._run_step(b, variant)
             if self.adaptive:
                 for b, variant in jobs:
                     self.adaptive_rule.costs.record(b, variant, self._time_step(b, variant))
@@ -508,7 +531,7 @@ class SpecEngine:
             if self.cuda_graphs:
                 self.graphs[(b, variant)].replay()
             else:
-                self._step_fn(variant)(self.state.rows(b), self._kv_len_bound(b))
+                self._run_step(b, variant)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             samples.append(time.perf_counter() - t0)
@@ -535,17 +558,15 @@ class SpecEngine:
 
     def _capture(self, b: int, variant: str, pool) -> None:
         kv_len = self.config.max_seq_len
-        rows = self.state.rows(b)
-        step = self._step_fn(variant)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # compile, autotune, allocate outside the capture
-                step(rows, kv_len)
+                self._run_step(b, variant, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            step(rows, kv_len)
+            self._run_step(b, variant, kv_len)
         self.graphs[(b, variant)] = graph
         self.capture_count += 1
 
@@ -616,7 +637,7 @@ class SpecEngine:
                 step = self._step_fn(variant)
                 step.timer = self._timer if self.phase_timing else None
                 try:
-                    step(self.state.rows(b), self._kv_len_bound(b))
+                    self._run_step(b, variant)
                 finally:
                     step.timer = None
 

@@ -147,7 +147,8 @@ class ModelRunner:
             hidden = [out.last_hidden[i, :n] for i, n in enumerate(lengths)]
         return out.logits[:, 0], hidden
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the whole step may be traced by torch.compile, which cannot
+    # functionalize views inside an inference-mode region ("Cannot set version_counter for inference tensor")
     def verify(
         self,
         tokens: torch.Tensor,
