@@ -29,9 +29,9 @@ part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit, recor
   parts+=("| $name | $result | $((SECONDS - t0)) s | ${summary:-rc $rc} |")
   echo "== $name: $result ($((SECONDS - t0)) s) ${summary}"
 }
-part "CUDA tests (pytest -m gpu, 4 workers)" 270 tests_gpu.log \
+part "CUDA tests (pytest -m gpu, 4 workers)" 280 tests_gpu.log \
   python -m pytest -q -p no:cacheprovider -m gpu -n 4 --dist load tests/
-part "SmolLM2 smoke: every drafter, fp32 exact + bf16" 260 smoke.log \
+part "SmolLM2 smoke: every drafter, fp32 exact + bf16" 200 smoke.log \
   python scripts/gpu_smoke.py --out "$out/smoke.json"
 verdict=PASS; [ $failed -ne 0 ] && verdict=FAIL
 {

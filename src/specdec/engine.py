@@ -473,12 +473,13 @@ class SpecEngine:
     def _step_fn(self, variant: str) -> DeviceStep:
         return self.steps[variant]
 
-    def _run_step(self, b: int, variant: str, kv_len: int | None = None) -> None:
+    def _run_step(self, b: int, variant: str, kv_len: int | None = None, timer: PhaseTimer | None = None) -> None:
         """Run `variant` on bucket `b` now (eager pieces, or the whole step compiled); kv_len:
-        the static key bound, None = the live slots' reach (`_kv_len_bound`)."""
+        the static key bound, None = the live slots' reach (`_kv_len_bound`); timer: mark the
+        phase boundaries (runs the step eagerly)."""
         step = self._step_fn(variant)
-        if not self.compile_step or step.timer is not None:  # phase timing needs the boundaries
-            step(self.state.rows(b), self._kv_len_bound(b) if kv_len is None else kv_len)
+        if not self.compile_step or timer is not None:  # phase timing needs the boundaries
+            step(self.state.rows(b), self._kv_len_bound(b) if kv_len is None else kv_len, timer)
             return
         fn = self._compiled_steps.get((b, variant))
         if fn is None:  # a private graph per (bucket, variant): no shared recompile budget
@@ -634,12 +635,7 @@ class SpecEngine:
             if self.cuda_graphs and not self.phase_timing:
                 self.graphs[(b, variant)].replay()
             else:
-                step = self._step_fn(variant)
-                step.timer = self._timer if self.phase_timing else None
-                try:
-                    self._run_step(b, variant)
-                finally:
-                    step.timer = None
+                self._run_step(b, variant, timer=self._timer if self.phase_timing else None)
 
     @torch.inference_mode()
     def step(self) -> None:

@@ -142,21 +142,22 @@ class DeviceStep:
         self.host_drafter = strategies.drafter_caps.runs_on_host
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
         self.uniforms = compile_private(counter_uniforms, dynamic=True, fullgraph=True) if compiled else counter_uniforms
-        self.timer = None  # a `step_timing.PhaseTimer` while the engine times phases (eager steps only)
 
-    def _mark(self, phase: str) -> None:
-        if self.timer is not None:
-            self.timer.mark(phase)
+    @staticmethod
+    def _mark(timer, phase: str) -> None:
+        if timer is not None:
+            timer.mark(phase)
 
-    def __call__(self, state: StepState, kv_len: int) -> None:
+    def __call__(self, state: StepState, kv_len: int, timer=None) -> None:
         """Run one step on `state` (a bucket's views), writing every result into it in place.
 
         kv_len: static bound on the logical positions attention reads (python int).
+        timer: a `step_timing.PhaseTimer` to mark the phase boundaries on (eager steps only).
         """
-        if self.timer is not None:
-            self.timer.start()
+        if timer is not None:
+            timer.start()
         if self.plain:
-            return self._plain(state, kv_len)
+            return self._plain(state, kv_len, timer)
         s = self.strategies
         active = state.active
         if self.host_drafter:
@@ -179,10 +180,10 @@ class DeviceStep:
             tokens, parents, num_nodes, draft_probs = draft.tokens, draft.parents, draft.num_nodes, draft.draft_probs
         num_nodes = torch.minimum(num_nodes, state.draft_budget + 1)  # [B] per-request budgets
         tree = s.build_tree(parents, num_nodes, out=state.tree)
-        self._mark("draft")
+        self._mark(timer, "draft")
         live_nodes = torch.where(active, num_nodes, 0)  # [B]; idle slots run no rows
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, live_nodes, kv_len)  # [B, N, V]
-        self._mark("verify")
+        self._mark(timer, "verify")
         B, N = tokens.shape
         uniforms = None
         if self.needs_draws:
@@ -192,7 +193,7 @@ class DeviceStep:
         s.relocate_kv(self.runner.cache, state.committed_len, acc.accept_nodes, accept_length)
         self._advance(state, acc.accept_nodes, acc.accept_tokens, accept_length, captured)
 
-    def _plain(self, state: StepState, kv_len: int) -> None:
+    def _plain(self, state: StepState, kv_len: int, timer=None) -> None:
         """One token per request: the drafter ingests the path it has not seen (its KV stays
         current) but drafts nothing, or, deferred (`defer`), does not run at all; the target
         runs the root alone ([B, 1]), and the token is drawn from the request's sampling
@@ -213,9 +214,9 @@ class DeviceStep:
         tokens = state.root_tokens[:, None]  # [B, 1]
         ones = torch.ones(B, dtype=torch.int64, device=tokens.device)
         tree = s.build_tree(torch.full_like(tokens, -1), ones, out=state.tree1)
-        self._mark("draft")
+        self._mark(timer, "draft")
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len)
-        self._mark("verify")
+        self._mark(timer, "verify")
         u = self.uniforms(state.sampling.seed, state.committed_len, 2, STREAM_VERIFY)  # [B, 2], node 0's lanes
         token = sample_from_probs(probs_for(logits, state.sampling)[:, 0], u[:, 1])  # [B]
         if self.defer:
