@@ -107,3 +107,34 @@ def test_a_failing_group_forward_is_retried_request_by_request(world):
     assert all(r.stats.finish_reason == "length" for r in results)  # nobody failed: the retry ran each alone
     assert [r.token_ids for r in results] == _generate(reference, greedy)[0]
     assert len(calls) >= 2
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "mtp"])
+def test_the_drafter_ingests_a_group_as_it_ingests_each_chunk(world, drafter):
+    """`HeadDrafter.prefill_many` (one padded forward) leaves each slot's context state and
+    root logits where `prefill` slot by slot leaves them (chunks at 0 and past 0)."""
+    import torch
+
+    grouped, _ = _decoder(world, drafter, grouped=True)
+    single, _ = _decoder(world, drafter, grouped=True)
+    width = grouped.strategies.drafter.hidden_width
+    gen = torch.Generator().manual_seed(0)
+    chunks = [(0, 0, 7), (1, 4, 3), (2, 0, 12)]  # (slot, start, tokens)
+    for dec in (grouped, single):  # the draft KV lives on the target's blocks: back the positions
+        for slot, _, _ in chunks:
+            dec.engine.runner.reserve(slot, 16)
+    for slot, start, n in chunks:  # both hold the same earlier chunk where start > 0
+        if start:
+            earlier = (torch.randint(0, 90, (start,), generator=gen), torch.randn(start, width, generator=gen))
+            for dec in (grouped, single):
+                dec.strategies.drafter.prefill(slot, earlier[0], earlier[1], 0)
+    tokens = [torch.randint(0, 90, (n,), generator=gen) for _, _, n in chunks]
+    hidden = [torch.randn(n, width, generator=gen) for _, _, n in chunks]
+    grouped.strategies.drafter.prefill_many([c[0] for c in chunks], tokens, hidden, [c[1] for c in chunks])
+    for (slot, start, _), t, h in zip(chunks, tokens, hidden):
+        single.strategies.drafter.prefill(slot, t, h, start)
+    g, s = grouped.strategies.drafter, single.strategies.drafter
+    # fp32 rounding differs between a padded [3, T] forward and [1, T] ones (BLAS blocking)
+    torch.testing.assert_close(g.ctx_hidden[:3], s.ctx_hidden[:3], rtol=1e-3, atol=2e-4)
+    torch.testing.assert_close(g.root_logits[:3], s.root_logits[:3], rtol=1e-3, atol=2e-4)
+    assert g.live[:3].tolist() == [True, True, True]

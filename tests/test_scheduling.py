@@ -161,17 +161,30 @@ def test_a_failing_prefill_fails_only_its_request(world):
     real = drafter.prefill
     bad = world["prompts"][2]
 
+    def is_bad(next_tokens):
+        return next_tokens.shape[0] == len(bad) and next_tokens[:-1].tolist() == bad[1:]
+
     def picky(slot, next_tokens, hidden, start=0):
-        if next_tokens.shape[0] == len(bad) and next_tokens[:-1].tolist() == bad[1:]:
+        if is_bad(next_tokens):
             raise Boom("this prompt's prefill fails")
         return real(slot, next_tokens, hidden, start)
 
+    def picky_group(slots, next_tokens, hidden, starts):  # a grouped prefill holding it fails as a whole
+        if any(is_bad(t) for t in next_tokens):
+            raise Boom("a group with this prompt fails")
+        return real_group(slots, next_tokens, hidden, starts)
+
+    real_group = getattr(drafter, "prefill_many", None)
     drafter.prefill = picky
+    if real_group is not None:
+        drafter.prefill_many = picky_group
     try:
-        with pytest.warns(UserWarning, match=r"prompt 2: Boom"):
+        with pytest.warns(UserWarning, match=r"prompt 2: Boom: this prompt's prefill fails"):
             results = dec.generate(world["prompts"][:5], [_greedy(n) for n in world["lengths"][:5]])
     finally:
         drafter.prefill = real
+        if real_group is not None:
+            drafter.prefill_many = real_group
     assert [r.stats.finish_reason for r in results] == ["length", "length", "error", "length", "length"]
     assert [r.token_ids for i, r in enumerate(results) if i != 2] == [s for i, s in enumerate(world["solo"][:5]) if i != 2]
     assert _all_blocks_free(dec)

@@ -407,12 +407,29 @@ class SpecEngine:
             at = torch.tensor([seqs[i].shape[0] for i in done], dtype=torch.int64, device=self.device)  # [k]
             u = counter_uniforms(sp.seed[slots], at, 1, STREAM_FIRST_TOKEN)  # [k, 1]
             first = dict(zip(done, sample_from_probs(probs, u[:, 0]).tolist()))  # host sync, once per group
+        drafted = False  # the drafter's chunks in one forward too, when it can (`prefill_many`)
+        if hidden is not None and hasattr(self.strategies.drafter, "prefill_many"):
+            try:
+                nexts = [self._next_tokens(r, seqs[i], starts[i], ends[i], first.get(i)) for i, r in enumerate(group)]
+                self.strategies.drafter.prefill_many([r.slot for r in group], nexts, hidden, starts)
+                drafted = True
+            except Exception:  # retried request by request below
+                drafted = False
         for i, request in enumerate(group):
             h = None if hidden is None else hidden[i]
             try:
-                self._finish_chunk(request, seqs[i], starts[i], ends[i], h, first.get(i))
+                self._finish_chunk(request, seqs[i], starts[i], ends[i], h, first.get(i), drafted=drafted)
             except Exception as err:  # this request fails; the others go on
                 self._fail([request], err)
+
+    def _next_tokens(self, request: RequestState, seq: torch.Tensor, start: int, end: int, first: int | None) -> torch.Tensor:
+        """The tokens the drafter pairs with chunk [start, end) of `seq`: each position's next
+        token, the last chunk's last one being the first generated token (`first`, or the
+        known root of a request re-admitted after a preemption)."""
+        if end < seq.shape[0]:
+            return seq[start + 1 : end + 1]
+        token = request.token_ids[-1] if request.token_ids else first
+        return torch.cat([seq[start + 1 :], torch.tensor([token], dtype=torch.int64, device=self.device)])
 
     def _prefill_chunk(self, request: RequestState) -> None:
         """One prefill chunk of target and drafter; the last one also makes the request running."""
@@ -431,19 +448,19 @@ class SpecEngine:
         self._finish_chunk(request, seq, start, end, hidden, first)
 
     def _finish_chunk(self, request: RequestState, seq: torch.Tensor, start: int, end: int, hidden,
-                      first: int | None) -> None:
-        """After the target ran chunk [start, end) of `seq`: the drafter's chunk; after the
-        last chunk, the first token (`first`; a request re-admitted after a preemption already
-        has it) and the request's step state, so it runs."""
-        slot, drafter, L = request.slot, self.strategies.drafter, seq.shape[0]
-        if end < L:  # the chunk's next tokens are all known
-            _drafter_prefill(drafter, slot, seq[start + 1 : end + 1], hidden, start)
+                      first: int | None, *, drafted: bool = False) -> None:
+        """After the target ran chunk [start, end) of `seq`: the drafter's chunk (unless
+        `drafted`: done for the whole group); after the last chunk, the first token (`first`;
+        a request re-admitted after a preemption already has it) and the request's step
+        state, so it runs."""
+        slot, L = request.slot, seq.shape[0]
+        if not drafted:
+            _drafter_prefill(self.strategies.drafter, slot, self._next_tokens(request, seq, start, end, first), hidden, start)
+        if end < L:
             request.prefilled = end
             return
         resumed = bool(request.token_ids)  # re-admitted after a preemption: the root is known
         token = request.token_ids[-1] if resumed else first
-        root = torch.tensor([token], dtype=torch.int64, device=self.device)
-        _drafter_prefill(drafter, slot, torch.cat([seq[start + 1 :], root]), hidden, start)
         st = self.state
         st.root_tokens[slot] = token
         st.committed_len[slot] = L

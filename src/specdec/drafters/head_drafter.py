@@ -260,6 +260,39 @@ class HeadDrafter:
         self.root_logits[slot] = logits[0, -1]
         self.live[slot] = True
 
+    @torch.no_grad()
+    def prefill_many(self, slots: list[int], next_tokens: list[torch.Tensor], hidden: list[torch.Tensor],
+                     starts: list[int]) -> None:
+        """`prefill` of several slots' chunks in one padded forward (the engine's grouped
+        prefill): row i is `next_tokens[i]` [T_i] with `hidden[i]` [T_i, width] from
+        position starts[i]."""
+        lengths = [t.shape[0] for t in next_tokens]
+        for slot, tokens, h, start in zip(slots, next_tokens, hidden, starts):
+            self._check_slot(slot)
+            if h is None or h.dim() != 2 or tuple(h.shape) != (tokens.shape[0], self.hidden_width):
+                raise ValueError(
+                    f"slot {slot}: hidden has shape {None if h is None else tuple(h.shape)}; expected "
+                    f"[{tokens.shape[0]}, {self.hidden_width}] ({self.hidden_name} of its tokens)"
+                )
+            if not 0 <= start <= self.max_seq_len - tokens.shape[0]:
+                raise ValueError(f"slot {slot}: prompt rows [{start}, {start + tokens.shape[0]}) are out of range; "
+                                 f"allowed: within [0, max_seq_len={self.max_seq_len})")
+            if self._owns_cache and start == 0:
+                self.cache.free(slot)
+                self.cache.reserve(slot, self.max_seq_len)
+        dev, T = self.device, max(lengths)
+        q_len = torch.tensor(lengths, device=dev)  # [n]
+        batch = prefill_batch(self.cache, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), q_len, T,
+                              max_kv_len=max(s + n for s, n in zip(starts, lengths)))
+        tokens = torch.nn.utils.rnn.pad_sequence([t.to(dev) for t in next_tokens], batch_first=True)  # [n, T]
+        states = torch.nn.utils.rnn.pad_sequence([h.to(dev, self.dtype) for h in hidden], batch_first=True)  # [n, T, w]
+        out, logits = self._forward(self.embed(tokens), states, batch.positions, self._attend(batch), first=True)
+        last = (q_len - 1)[:, None, None]  # [n, 1, 1]
+        index = torch.tensor(slots, device=dev)
+        self.ctx_hidden[index] = torch.gather(out, 1, last.expand(-1, -1, out.shape[-1]))[:, 0].to(self.ctx_hidden.dtype)
+        self.root_logits[index] = torch.gather(logits, 1, last.expand(-1, -1, logits.shape[-1]))[:, 0].to(self.root_logits.dtype)
+        self.live[index] = True
+
     def reset_slot(self, slot: int) -> None:
         """Forget `slot`: it drafts root-only trees until the next prefill (a private cache frees its blocks)."""
         self._check_slot(slot)
