@@ -570,8 +570,11 @@ class SpecEngine:
             for slot in (0, 1):
                 self.runner.reserve(slot, 2 + self.lookahead)
             chunks = [torch.zeros(n, dtype=torch.int64, device=self.device) for n in (2, 1)]
-            self.runner.prefill_many([0, 1], chunks, [0, 0])
+            _, hidden = self.runner.prefill_many([0, 1], chunks, [0, 0])
+            if hidden is not None and hasattr(drafter, "prefill_many"):
+                drafter.prefill_many([0, 1], chunks, hidden, [0, 0])
             for slot in (0, 1):
+                drafter.reset_slot(slot)
                 self.runner.free(slot)
 
     def _capture(self, b: int, variant: str, pool) -> None:
