@@ -401,12 +401,8 @@ class SpecEngine:
         done = [i for i, r in enumerate(group) if ends[i] == seqs[i].shape[0] and not r.token_ids]
         first = {}
         if done:
-            sp = self.state.sampling
-            slots = torch.tensor([group[i].slot for i in done], device=self.device)  # [k]
-            probs = sampling_probs(logits[done], sp.temperature[slots], sp.top_k[slots], sp.top_p[slots], sp.min_p[slots])
-            at = torch.tensor([seqs[i].shape[0] for i in done], dtype=torch.int64, device=self.device)  # [k]
-            u = counter_uniforms(sp.seed[slots], at, 1, STREAM_FIRST_TOKEN)  # [k, 1]
-            first = dict(zip(done, sample_from_probs(probs, u[:, 0]).tolist()))  # host sync, once per group
+            drawn = self._first_tokens([group[i].slot for i in done], logits[done], [seqs[i].shape[0] for i in done])
+            first = dict(zip(done, drawn))
         drafted = False  # the drafter's chunks in one forward too, when it can (`prefill_many`)
         if hidden is not None and hasattr(self.strategies.drafter, "prefill_many"):
             try:
@@ -438,14 +434,19 @@ class SpecEngine:
         L, start = seq.shape[0], request.prefilled
         end = min(start + self.config.prefill_chunk_size, L)
         logits, hidden = self.runner.prefill(slot, seq[start:end], start)  # [V], [T, w]
-        first = None
-        if end == L and not request.token_ids:
-            sp, pick = self.state.sampling, slice(slot, slot + 1)
-            probs = sampling_probs(logits[None], sp.temperature[pick], sp.top_k[pick], sp.top_p[pick], sp.min_p[pick])
-            u = counter_uniforms(sp.seed[pick], torch.full((1,), L, dtype=torch.int64, device=self.device), 1,
-                                 STREAM_FIRST_TOKEN)
-            first = int(sample_from_probs(probs, u[:, 0])[0])  # host sync (prefill is not the hot loop)
+        first = self._first_tokens([slot], logits[None], [L])[0] if end == L and not request.token_ids else None
         self._finish_chunk(request, seq, start, end, hidden, first)
+
+    def _first_tokens(self, slots: list[int], logits: torch.Tensor, lengths: list[int]) -> list[int]:
+        """The first generated token of each request whose prompt (of `lengths` tokens) just
+        finished prefilling: drawn from `logits` [k, V] with the slot's sampling and a uniform
+        keyed by its seed and prompt length (the same alone or in a group). One host sync."""
+        sp = self.state.sampling
+        index = torch.tensor(slots, device=self.device)  # [k]
+        probs = sampling_probs(logits, sp.temperature[index], sp.top_k[index], sp.top_p[index], sp.min_p[index])
+        at = torch.tensor(lengths, dtype=torch.int64, device=self.device)  # [k]
+        u = counter_uniforms(sp.seed[index], at, 1, STREAM_FIRST_TOKEN)  # [k, 1]
+        return sample_from_probs(probs, u[:, 0]).tolist()
 
     def _finish_chunk(self, request: RequestState, seq: torch.Tensor, start: int, end: int, hidden,
                       first: int | None, *, drafted: bool = False) -> None:

@@ -229,6 +229,21 @@ class HeadDrafter:
             hidden: [L, width] the target states the head reads, at positions start..start+L-1.
             start: position of the chunk's first row; earlier chunks of the prompt are in the KV.
         """
+        self._check_chunk(slot, next_tokens, hidden, start)
+        self._ingest_chunks([slot], [next_tokens], [hidden], [start])
+
+    @torch.no_grad()
+    def prefill_many(self, slots: list[int], next_tokens: list[torch.Tensor], hidden: list[torch.Tensor],
+                     starts: list[int]) -> None:
+        """`prefill` of several slots' chunks in one padded forward (the engine's grouped
+        prefill): row i is `next_tokens[i]` [T_i] with `hidden[i]` [T_i, width] from
+        position starts[i]."""
+        for slot, tokens, h, start in zip(slots, next_tokens, hidden, starts):
+            self._check_chunk(slot, tokens, h, start)
+        self._ingest_chunks(slots, next_tokens, hidden, starts)
+
+    def _check_chunk(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None, start: int) -> None:
+        """A prefill chunk's arguments, checked; a private cache backs the slot at its first chunk."""
         self._check_slot(slot)
         if hidden is None:
             raise ValueError(f"the {self.kind} drafter needs {self.hidden_name} (hidden=None given)")
@@ -245,45 +260,16 @@ class HeadDrafter:
         if self._owns_cache and start == 0:
             self.cache.free(slot)
             self.cache.reserve(slot, self.max_seq_len)
-        dev = self.device
-        batch = prefill_batch(
-            self.cache,
-            torch.tensor([slot], device=dev),
-            torch.tensor([start], device=dev),
-            torch.tensor([L], device=dev),
-            L,
-            max_kv_len=start + L,
-        )
-        embeds = self.embed(next_tokens.to(dev)[None])  # [1, L, d]
-        out, logits = self._forward(embeds, hidden.to(dev, self.dtype)[None], batch.positions, self._attend(batch), first=True)
-        self.ctx_hidden[slot] = out[0, -1]
-        self.root_logits[slot] = logits[0, -1]
-        self.live[slot] = True
 
-    @torch.no_grad()
-    def prefill_many(self, slots: list[int], next_tokens: list[torch.Tensor], hidden: list[torch.Tensor],
-                     starts: list[int]) -> None:
-        """`prefill` of several slots' chunks in one padded forward (the engine's grouped
-        prefill): row i is `next_tokens[i]` [T_i] with `hidden[i]` [T_i, width] from
-        position starts[i]."""
+    def _ingest_chunks(self, slots: list[int], next_tokens: list[torch.Tensor], hidden: list[torch.Tensor],
+                       starts: list[int]) -> None:
+        """Checked chunks through the head in one forward, padded to the longest; each slot's
+        last row becomes its `ctx_hidden` / `root_logits`."""
+        dev = self.device
         lengths = [t.shape[0] for t in next_tokens]
-        for slot, tokens, h, start in zip(slots, next_tokens, hidden, starts):
-            self._check_slot(slot)
-            if h is None or h.dim() != 2 or tuple(h.shape) != (tokens.shape[0], self.hidden_width):
-                raise ValueError(
-                    f"slot {slot}: hidden has shape {None if h is None else tuple(h.shape)}; expected "
-                    f"[{tokens.shape[0]}, {self.hidden_width}] ({self.hidden_name} of its tokens)"
-                )
-            if not 0 <= start <= self.max_seq_len - tokens.shape[0]:
-                raise ValueError(f"slot {slot}: prompt rows [{start}, {start + tokens.shape[0]}) are out of range; "
-                                 f"allowed: within [0, max_seq_len={self.max_seq_len})")
-            if self._owns_cache and start == 0:
-                self.cache.free(slot)
-                self.cache.reserve(slot, self.max_seq_len)
-        dev, T = self.device, max(lengths)
         q_len = torch.tensor(lengths, device=dev)  # [n]
-        batch = prefill_batch(self.cache, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), q_len, T,
-                              max_kv_len=max(s + n for s, n in zip(starts, lengths)))
+        batch = prefill_batch(self.cache, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), q_len,
+                              max(lengths), max_kv_len=max(s + n for s, n in zip(starts, lengths)))
         tokens = torch.nn.utils.rnn.pad_sequence([t.to(dev) for t in next_tokens], batch_first=True)  # [n, T]
         states = torch.nn.utils.rnn.pad_sequence([h.to(dev, self.dtype) for h in hidden], batch_first=True)  # [n, T, w]
         out, logits = self._forward(self.embed(tokens), states, batch.positions, self._attend(batch), first=True)

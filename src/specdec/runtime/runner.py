@@ -93,30 +93,8 @@ class ModelRunner:
         Returns (logits of the chunk's last token [V] float32, the drafter's target states
         [T, width] (captured layers or the last hidden state) or None).
         """
-        T = tokens.shape[0]
-        dev = tokens.device
-        batch = prefill_batch(
-            self.cache,
-            torch.tensor([slot], device=dev),
-            torch.tensor([start], device=dev),
-            torch.tensor([T], device=dev),
-            T,
-            max_kv_len=start + T,
-        )
-        out = self.model(
-            tokens[None],
-            batch.positions,
-            self.cache,
-            batch,
-            capture=self.capture,
-            logits_index=torch.full((1, 1), T - 1, device=dev),
-        )
-        hidden = None
-        if self.capture is not None:
-            hidden = self.capture.rows(T).clone()  # [T, d*nc]
-        elif self.keep_last_hidden:
-            hidden = out.last_hidden[0]  # [T, d]
-        return out.logits[0, 0], hidden
+        logits, hidden = self.prefill_many([slot], [tokens], [start])
+        return logits[0], None if hidden is None else hidden[0]
 
     @torch.inference_mode()
     def prefill_many(
