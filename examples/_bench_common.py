@@ -417,18 +417,54 @@ def _profile_steps(engine, requests, steps: int) -> tuple[int, int, int]:
             engine.step()  # ends in the token hand-off: the step's kernels have run
             done += 1
         torch.cuda.synchronize(engine.device)
-    kernels, launches = count_kernels(prof.events())
+    events = prof.events()
+    kernels, launches = count_kernels(events)
+    _LAST_KERNEL_TIMES.clear()
+    _LAST_KERNEL_TIMES.update(kernel_times(events))
     return kernels, launches, done
 
 
+_LAST_KERNEL_TIMES: dict[str, tuple[float, int]] = {}  # name -> (device us, launches) of the last profile
+
+
+def kernel_times(events) -> dict[str, tuple[float, int]]:
+    """Device time (us) and count of each kernel name among torch.profiler `FunctionEvent`s
+    (the kernel records `count_kernels` counts)."""
+    from torch.autograd import DeviceType
+
+    out: dict[str, tuple[float, int]] = {}
+    for e in events:
+        if getattr(e, "device_type", None) != DeviceType.CUDA:
+            continue
+        kind = getattr(e, "activity_type", None)
+        name = str(getattr(e, "name", ""))
+        if (str(kind).lower() != "kernel") if kind else (name.startswith(("Memcpy", "Memset")) or "Sync" in name):
+            continue
+        us, n = out.get(name, (0.0, 0))
+        out[name] = (us + e.time_range.elapsed_us(), n + 1)
+    return out
+
+
+def log_kernel_times(label: str, steps: int, rows: int = 12) -> None:
+    """Log the top kernels of the last `kernels_per_step` profile: device ms and launches per step."""
+    if not _LAST_KERNEL_TIMES or steps <= 0:
+        return
+    total = sum(us for us, _ in _LAST_KERNEL_TIMES.values())
+    log(f"KTIME {label}: {total / 1e3 / steps:.3f} ms of kernel time per step, "
+        f"{sum(n for _, n in _LAST_KERNEL_TIMES.values()) / steps:.0f} kernels per step")
+    for name, (us, n) in sorted(_LAST_KERNEL_TIMES.items(), key=lambda kv: -kv[1][0])[:rows]:
+        log(f"KTIME   {us / 1e3 / steps:8.3f} ms/step {n / steps:6.1f}/step  {name[:100]}")
+
+
 def kernels_per_step(decoder, prompts: list[list[int]], *, max_new_tokens: int, steps: int = 4,
-                     warm_steps: int = 2) -> tuple[float | None, str]:
+                     warm_steps: int = 2, kernel_label: str | None = None) -> tuple[float | None, str]:
     """CUDA kernels launched per steady-state step of `decoder`, batch len(prompts): (count, how).
 
     Submits `prompts` (greedy, `max_new_tokens` each, EOS ignored), runs the engine until all
     are prefilled and running plus `warm_steps` steps, then profiles up to `steps`
     `engine.step()` calls with torch.profiler (CUPTI) and counts the kernel records per step
-    (memcpys, memsets and syncs are not kernels); the requests are aborted afterwards and the
+    (memcpys, memsets and syncs are not kernels), and logs the top kernels by device time per
+    step (`KTIME` lines, `kernel_label` names the row); the requests are aborted afterwards and the
     decoder is idle again. Its observers see those steps; call it after the timed runs (the
     profiler can leave CUPTI attached, which may slow the CUDA work that follows).
 
@@ -473,6 +509,7 @@ def kernels_per_step(decoder, prompts: list[list[int]], *, max_new_tokens: int, 
             how = "eager step (the profiler did not show the graph's kernels)"
         if not done:
             raise RuntimeError(f"no step left to profile: max_new_tokens={max_new_tokens} ran out in warm-up")
+        log_kernel_times(f"{kernel_label or 'step'} ({how})", done)
         return kernels / done, f"{how}, {done} steps"
     except Exception as err:  # a count is a nicety: never cost the benchmark its rows
         first = (str(err).splitlines() or [""])[0][:200]

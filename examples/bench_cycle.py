@@ -31,6 +31,10 @@ bandwidth measured in the same run (a large `copy_`, read + write bytes, median 
     python examples/bench_cycle.py                      # H200: contexts 1024 4096, 64 steps
     python examples/bench_cycle.py --setups target-only chain-3 --contexts 1024
     python examples/bench_cycle.py --quick              # CPU smoke run: tiny shape, contexts 32 64, 8 steps
+    python examples/bench_cycle.py --compile auto step  # pieces vs the whole step as one compiled graph
+
+With several `--compile` values every setup runs under each, side by side in one run, and R
+is taken against the first value's target-only step.
 
 With --out, a "row" JSON line is written as each row is timed, then a "kernels" line per row
 (key, name, context, kernels_per_step, kernels_how) once the kernels are counted.
@@ -78,8 +82,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=None, help="steps timed per context (default 64; quick 8)")
     p.add_argument("--skip", type=int, default=None, help="first step intervals dropped (default 4; quick 2)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 MiB; quick 64)")
-    p.add_argument("--compile", choices=["auto", "on", "off", "step"], default="auto",
-                   help="SpecConfig.compile (step: the whole step as one torch.compile graph per bucket)")
+    p.add_argument("--compile", choices=["auto", "on", "off", "step"], nargs="+", default=["auto"],
+                   help="SpecConfig.compile; several values time every setup under each, side by side, R against "
+                        "the first value's target-only (step: the whole step as one torch.compile graph per bucket)")
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
     p.add_argument("--decoder-per-context", action="store_true",
                    help="build (and warm up) a decoder per context, sized to it (default: one per setup)")
@@ -151,12 +156,13 @@ def weight_bytes(model: torch.nn.Module, cfg: ModelConfig) -> int:
     return total if cfg.tie_word_embeddings else total - embed.numel() * embed.element_size()
 
 
-def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps: int, args, device, dtype, warm_prompts):
+def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps: int, args, device, dtype, warm_prompts,
+                  compile_mode: str = "auto"):
     """A batch-1 decoder whose max_seq_len holds `longest` prompt tokens and `steps` steps, warmed up
     (`warm_up`: compile, capture, and throw-away requests on `warm_prompts`)."""
     N = base.num_tree_slots
     max_seq_len = -(-(longest + steps + 1 + N * (1 + base.kv_lookahead_steps)) // 128) * 128
-    config = base.replace(max_batch_size=1, max_seq_len=max_seq_len, compile=knob(args.compile),
+    config = base.replace(max_batch_size=1, max_seq_len=max_seq_len, compile=knob(compile_mode),
                           cuda_graphs=knob(args.cuda_graphs))
     t0 = time.perf_counter()
     draft = head if key != "target-only" else None
@@ -236,15 +242,20 @@ def main() -> None:
     rows, notes = [], []
     count_kernels = device.type == "cuda" and args.kernel_steps > 0
     kept = []  # (row, decoder): kernels per step are counted once nothing is timed any more
-    for key in setups:
+    modes = list(dict.fromkeys(args.compile))
+    order = [(mode, key) for mode in modes for key in setups]
+    for mode, key in order:
         name, base = SETUPS[key]
+        if len(modes) > 1:
+            name = f"{name} [compile {mode}]"
         dec = None
         for ctx in contexts:
             if dec is None:  # one decoder for every context, or one per context (--decoder-per-context)
                 longest = ctx if args.decoder_per_context else max(contexts)
                 warm = [prompts[c] for c in contexts if c <= longest]
-                dec, timer, built = build_decoder(key, name, base, target, head, longest, steps, args, device, dtype, warm)
-            row = dict(key=key, name=name, **built, **time_steps(dec, timer, prompts[ctx], steps, skip),
+                dec, timer, built = build_decoder(key, name, base, target, head, longest, steps, args, device, dtype, warm,
+                                                  compile_mode=mode)
+            row = dict(key=key, name=name, compile=mode, **built, **time_steps(dec, timer, prompts[ctx], steps, skip),
                        kernels_per_step=None, kernels_how=None if count_kernels else "not counted")
             if count_kernels:
                 kept.append((row, dec))
@@ -253,8 +264,9 @@ def main() -> None:
             if args.decoder_per_context:
                 dec = None
                 free(device)
-            base_row = row if key == "target-only" else next(
-                (r for r in rows if r["key"] == "target-only" and r["context"] == ctx), None)  # target-only: R 1.00
+            base_row = row if (key, mode) == ("target-only", modes[0]) else next(
+                (r for r in rows if r["key"] == "target-only" and r["compile"] == modes[0] and r["context"] == ctx),
+                None)  # the first mode's target-only: R 1.00
             row["R"] = row["ms"] / base_row["ms"] if base_row else None
             if key == "target-only":
                 kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * ctx * torch.finfo(dtype).bits // 8
@@ -273,7 +285,8 @@ def main() -> None:
             "what follows it)")
         for row, dec in kept:
             row["kernels_per_step"], row["kernels_how"] = kernels_per_step(
-                dec, [prompts[row["context"]]], max_new_tokens=steps + 1, steps=args.kernel_steps)
+                dec, [prompts[row["context"]]], max_new_tokens=steps + 1, steps=args.kernel_steps,
+                kernel_label=f"{row['name']} context {row['context']}")
             out.write(dict(kind="kernels", key=row["key"], name=row["name"], context=row["context"],
                            kernels_per_step=row["kernels_per_step"], kernels_how=row["kernels_how"]))
             log(f"KERNELS context {row['context']} | {row['name']} | {fmt_count(row['kernels_per_step'])} kernels/step "
@@ -283,14 +296,14 @@ def main() -> None:
         free(device)
 
     cells = [[r["context"], r["name"], fmt(r["ms"], ".3f"), fmt_count(r["kernels_per_step"]), fmt(r["R"]), fmt(r["tau"])]
-             for r in sorted(rows, key=lambda r: (r["context"], setups.index(r["key"])))]
+             for r in sorted(rows, key=lambda r: (r["context"], order.index((r["compile"], r["key"]))))]
     print()
     log(head_line)
     print()
     log(markdown_table(["context", "setup", "ms/step", "kernels/step", "R", "tau"], cells))
     print()
     for r in (r for r in rows if r["key"] == "target-only"):
-        log(f"- target-only at context {r['context']}: {r['gbs']:.3g} GB/s ({r['bytes'] / 1e9:.3g} GB: weights "
+        log(f"- {r['name']} at context {r['context']}: {r['gbs']:.3g} GB/s ({r['bytes'] / 1e9:.3g} GB: weights "
             f"{w_bytes / 1e9:.3g} + KV {r['kv_bytes'] / 1e9:.3g}, in {r['ms']:.3f} ms) = "
             f"{100 * r['copy_fraction']:.0f}% of the measured copy bandwidth {copy_gbs:.3g} GB/s")
     warmups = dict.fromkeys(f"{r['name']} (max_seq_len {r['max_seq_len']}) {r['warmup_s']:.1f}" for r in rows)

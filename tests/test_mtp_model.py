@@ -52,8 +52,7 @@ def test_sequence_forward_equals_transformers_decoder_layer_on_the_fused_input(k
     model = random_mtp(seed=1, dtype=torch.float64, **kw)
     if model.config.qkv_bias:
         with torch.no_grad():
-            for p in (model.self_attn.q_proj.bias, model.self_attn.k_proj.bias, model.self_attn.v_proj.bias):
-                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(2))
+            model.self_attn.qkv_proj.bias.normal_(0, 0.3, generator=torch.Generator().manual_seed(2))
     head = torch.nn.Linear(D, V, bias=False).double()
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(2, 11, D, generator=g, dtype=torch.float64)

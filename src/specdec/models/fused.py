@@ -65,18 +65,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def silu_mul2(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for separate projections (draft heads keep HF's gate_proj / up_proj)."""
-    return F.silu(gate) * up
-
-
 _FUNCTIONS = dict(
     rms_norm=rms_norm,
     add_rms_norm=add_rms_norm,
     rotary_qk=rotary_qk,
     rotary_cos_sin=rotary_cos_sin,
     silu_mul=silu_mul,
-    silu_mul2=silu_mul2,
 )
 
 
@@ -113,10 +107,6 @@ class Pieces:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         out = self.fns["silu_mul"](gate_up.reshape(-1, gate_up.shape[-1]))
         return out.view(*gate_up.shape[:-1], out.shape[-1])
-
-    def silu_mul2(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        f = gate.shape[-1]
-        return self.fns["silu_mul2"](gate.reshape(-1, f), up.reshape(-1, f)).view(gate.shape)
 
 
 EAGER = Pieces(_FUNCTIONS, compiled=False)
