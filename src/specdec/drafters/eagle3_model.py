@@ -113,8 +113,8 @@ class Eagle3Layer(nn.Module):
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2d]
-        h = residual + self.self_attn(x, cos, sin, attend)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, normed_h = self.post_attention_layernorm.add_forward(residual, self.self_attn(x, cos, sin, attend))
+        return h + self.mlp(normed_h)
 
 
 class Eagle3Model(nn.Module):

@@ -164,8 +164,8 @@ class MTPModel(nn.Module):
     def block(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         """The decoder block: [B, T, d] -> [B, T, d] (residual included)."""
         cos, sin = self.rotary(positions, x.dtype)  # [B, T, 1, hd]
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, normed = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, attend))
+        return h + self.mlp(normed)
 
     # ------------------------------------------------------------------ forwards
     def forward(
