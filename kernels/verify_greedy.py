@@ -64,8 +64,12 @@ def _row_argmax(row_ptr, V, BLOCK_V: tl.constexpr):
     return tl.min(tl.where(best == top, best_idx, V), axis=0).to(tl.int64)
 
 
-# N is never a compile-time constant: Triton 3.6 specializes N == 1 (the one-node tree of
-# target-only decoding) and then fails in its coalescing pass on sm_90 (tests/test_kernels_compile_sm90.py)
+# The walk goes one depth per pass of the outer loop: the target's choice at the current node
+# first, then that node's children in order. The row argmax sits at the top of the pass, never
+# inside a branch of the child loop: that shape (a V-wide loop under `if taken:` in the walk)
+# failed Triton 3.6's coalescing pass on sm_90 whenever N was the constant 1, which is how a
+# one-node tree (target-only) reaches the compiler inside a torch.compile graph (Inductor makes
+# every int argument equal to 1 a constant, whatever `do_not_specialize` says).
 @triton.jit(do_not_specialize=["N"])
 def _verify_greedy_kernel(
     tokens_ptr,
@@ -90,21 +94,21 @@ def _verify_greedy_kernel(
     ns_row = next_sib_ptr + b * N
     cur = tl.zeros([], tl.int64)
     n = tl.zeros([], tl.int64)
-    if FROM_ARGMAX:
-        want = tl.load(target_ptr + b * N)
-    else:
-        want = _row_argmax(target_ptr + b * N * V, V, BLOCK_V)
-    cand = tl.load(nt_row)
-    steps = 0
-    while (cand >= 0) & (steps < N):
-        x = tl.load(tok_row + cand)
-        taken, cur, n, cand = walk_advance(x == want, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
-        if taken:
-            if FROM_ARGMAX:
-                want = tl.load(target_ptr + b * N + cur)
-            else:
-                want = _row_argmax(target_ptr + (b * N + cur) * V, V, BLOCK_V)
-        steps += 1
+    cand = tl.load(nt_row)  # the next child to test
+    steps = 0  # children tested, at most N (a malformed tree cannot loop)
+    want = tl.zeros([], tl.int64)
+    descend = True
+    while descend:
+        if FROM_ARGMAX:
+            want = tl.load(target_ptr + b * N + cur)
+        else:
+            want = _row_argmax(target_ptr + (b * N + cur) * V, V, BLOCK_V)
+        taken = cand != cand  # False
+        while (cand >= 0) & (steps < N) & (taken == 0):
+            x = tl.load(tok_row + cand)
+            taken, cur, n, cand = walk_advance(x == want, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
+            steps += 1
+        descend = taken
     walk_finish(out_row, len_ptr + b, n, want)
 
 

@@ -85,8 +85,6 @@ def _residual_update(src_ptr, q_ptr, dst_ptr, mass, V, BLOCK_V: tl.constexpr):
     return tl.sum(acc, axis=0)
 
 
-# N is never a compile-time constant: Triton 3.6 specializes N == 1 (the one-node tree of
-# target-only decoding) and then fails in its coalescing pass on sm_90 (tests/test_kernels_compile_sm90.py)
 @triton.jit(do_not_specialize=["N"])
 def _verify_speculative_kernel(
     tokens_ptr,
@@ -119,35 +117,38 @@ def _verify_speculative_kernel(
 
     cur = tl.zeros([], tl.int64)
     n = tl.zeros([], tl.int64)
-    mass = row_sum_f64(p_base, V, BLOCK_V)
+    mass = tl.zeros([], tl.float64)
     in_scratch = 0  # 0: the residual is p's row of cur; 1: scratch slot `slot`
     slot = 0
-    cand = tl.load(nt_row)
-    steps = 0
-    while (cand >= 0) & (steps < N):
-        x = tl.load(tok_row + cand)
-        coin = tl.load(u_row + cand * 2).to(tl.float64)
-        qx = tl.load(q_base + cur * V + x).to(tl.float64)
-        if in_scratch != 0:
-            wx = tl.load(scr + slot * V + x).to(tl.float64)
-        else:
-            wx = tl.load(p_base + cur * V + x).to(tl.float64)
-        parent = cur
-        taken, cur, n, cand = walk_advance(coin * qx * mass < wx, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
-        if taken:
-            mass = row_sum_f64(p_base + cur * V, V, BLOCK_V)
-            in_scratch = 0
-        else:
+    cand = tl.load(nt_row)  # the next child to test
+    steps = 0  # children tested, at most N (a malformed tree cannot loop)
+    descend = True
+    while descend:  # one depth per pass (see verify_greedy: no V-wide loop under `if taken:`)
+        mass = row_sum_f64(p_base + cur * V, V, BLOCK_V)
+        in_scratch = 0
+        taken = cand != cand  # False
+        while (cand >= 0) & (steps < N) & (taken == 0):
+            x = tl.load(tok_row + cand)
+            coin = tl.load(u_row + cand * 2).to(tl.float64)
+            qx = tl.load(q_base + cur * V + x).to(tl.float64)
             if in_scratch != 0:
-                new_mass = _residual_update(scr + slot * V, q_base + parent * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
+                wx = tl.load(scr + slot * V + x).to(tl.float64)
             else:
-                new_mass = _residual_update(p_base + parent * V, q_base + parent * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
-            tl.debug_barrier()  # the new slot is read by other threads below
-            if new_mass > 0.0:
-                mass = new_mass
-                slot = 1 - slot
-                in_scratch = 1
-        steps += 1
+                wx = tl.load(p_base + cur * V + x).to(tl.float64)
+            parent = cur
+            taken, cur, n, cand = walk_advance(coin * qx * mass < wx, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
+            if taken == 0:  # rejected: the residual norm(max(0, w - q)) at the parent replaces w
+                if in_scratch != 0:
+                    new_mass = _residual_update(scr + slot * V, q_base + parent * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
+                else:
+                    new_mass = _residual_update(p_base + parent * V, q_base + parent * V, scr + (1 - slot) * V, mass, V, BLOCK_V)
+                tl.debug_barrier()  # the new slot is read by other threads below
+                if new_mass > 0.0:
+                    mass = new_mass
+                    slot = 1 - slot
+                    in_scratch = 1
+            steps += 1
+        descend = taken
 
     thr = tl.load(u_row + cur * 2 + 1).to(tl.float64) * mass
     if in_scratch != 0:

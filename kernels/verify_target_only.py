@@ -68,8 +68,6 @@ def verify_target_only_ref(
     return walk.finish(sample_index_ref(w, u[rows, walk.cur, 1] * mass, base=p_cur))
 
 
-# N is never a compile-time constant: Triton 3.6 specializes N == 1 (the one-node tree of
-# target-only decoding) and then fails in its coalescing pass on sm_90 (tests/test_kernels_compile_sm90.py)
 @triton.jit(do_not_specialize=["N"])
 def _verify_target_only_kernel(
     tokens_ptr,
@@ -98,27 +96,29 @@ def _verify_target_only_kernel(
 
     cur = tl.zeros([], tl.int64)
     n = tl.zeros([], tl.int64)
-    mass = row_sum_f64(p_base, V, BLOCK_V)
-    cand = tl.load(nt_row)
-    steps = 0
-    while (cand >= 0) & (steps < N):
-        x = tl.load(tok_row + cand)
-        dup = 0  # does an earlier (rejected) sibling carry the same token?
-        s = tl.load(nt_row + cur)
-        k = 0
-        while (s != cand) & (s >= 0) & (k < N):
-            dup = tl.where(tl.load(tok_row + s) == x, 1, dup)
-            s = tl.load(ns_row + s)
-            k += 1
-        px = tl.load(p_base + cur * V + x).to(tl.float64)
-        px = tl.where(dup != 0, 0.0, px)
-        coin = tl.load(u_row + cand * 2).to(tl.float64)
-        taken, cur, n, cand = walk_advance(coin * mass < px, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
-        if taken:
-            mass = row_sum_f64(p_base + cur * V, V, BLOCK_V)
-        else:
-            mass = mass - px
-        steps += 1
+    mass = tl.zeros([], tl.float64)
+    cand = tl.load(nt_row)  # the next child to test
+    steps = 0  # children tested, at most N (a malformed tree cannot loop)
+    descend = True
+    while descend:  # one depth per pass (see verify_greedy: no V-wide loop under `if taken:`)
+        mass = row_sum_f64(p_base + cur * V, V, BLOCK_V)  # the residual mass R at the new node
+        taken = cand != cand  # False
+        while (cand >= 0) & (steps < N) & (taken == 0):
+            x = tl.load(tok_row + cand)
+            dup = 0  # does an earlier (rejected) sibling carry the same token?
+            s = tl.load(nt_row + cur)
+            k = 0
+            while (s != cand) & (s >= 0) & (k < N):
+                dup = tl.where(tl.load(tok_row + s) == x, 1, dup)
+                s = tl.load(ns_row + s)
+                k += 1
+            px = tl.load(p_base + cur * V + x).to(tl.float64)
+            px = tl.where(dup != 0, 0.0, px)
+            coin = tl.load(u_row + cand * 2).to(tl.float64)
+            taken, cur, n, cand = walk_advance(coin * mass < px, cand, x, cur, n, nodes_row, out_row, nt_row, ns_row, N)
+            mass = tl.where(taken, mass, mass - px)
+            steps += 1
+        descend = taken
 
     thr = tl.load(u_row + cur * 2 + 1).to(tl.float64) * mass
     t = sample_row(p_base + cur * V, thr, V, tok_row, ns_row, tl.load(nt_row + cur), N, True, BLOCK_V)

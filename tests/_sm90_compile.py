@@ -4,7 +4,9 @@ The CPU suite runs the kernels in Triton's interpreter, which checks what a kern
 but not whether the GPU compiler accepts it. This script goes through the real launchers
 (`verify_greedy_triton`, `paged_attention_triton`, ...) with CPU tensors of real shapes, so
 Triton's JIT specializes the arguments as it would on the GPU (an int argument equal to 1
-becomes a constant, one divisible by 16 gets an alignment hint), and compiles each
+becomes a constant, one divisible by 16 gets an alignment hint; kernels that opt out with
+`do_not_specialize` are compiled a second time fully specialized, as torch.compile's
+Inductor launches them), and compiles each
 specialization to a cubin with Triton's bundled ptxas. Nothing is launched: a stand-in driver
 names the sm_90 target and every launch stops after compiling.
 
@@ -57,11 +59,24 @@ _run = JITFunction.run
 LAST: dict = {}  # kernel name -> its latest compiled kernel (PTX and cubin in `.asm`)
 
 
+_AS_INDUCTOR: dict = {}  # kernel -> its copy that specializes every argument (as torch.compile launches it)
+
+
 def _compile_only(self, *args, grid, warmup, **kwargs):
-    """Every launch compiles (and checks the cubin exists) but does not run."""
+    """Every launch compiles (and checks the cubin exists) but does not run.
+
+    A kernel with `do_not_specialize` arguments is compiled twice: as the JIT launches it,
+    and as a kernel inside a torch.compile graph is launched. Inductor ignores
+    `do_not_specialize` and makes every int argument equal to 1 a constant (its
+    `equal_to_1` rule), so a one-node tree (N = 1) in a whole-step graph compiles the
+    specialized kernel (seen on the H200: compile="step" failed in `_verify_greedy_kernel`)."""
     kernel = _run(self, *args, grid=grid, warmup=True, **kwargs)
     assert kernel is not None and kernel.asm.get("cubin"), self.fn.__name__
     LAST[self.fn.__name__] = kernel
+    if self.do_not_specialize:
+        clone = _AS_INDUCTOR.setdefault(self, JITFunction(self.fn))
+        kernel = _run(clone, *args, grid=grid, warmup=True, **kwargs)
+        assert kernel is not None and kernel.asm.get("cubin"), self.fn.__name__ + " (specialized as torch.compile does)"
     return kernel
 
 
