@@ -46,7 +46,7 @@ from specdec.ops.random import STREAM_DRAFT, counter_uniforms
 from specdec.ops.sampling import sample_from_probs
 from specdec.runtime.attention import AttentionBatch, attention
 from specdec.runtime.batch import prefill_batch
-from specdec.runtime.kv_cache import PagedKVCache
+from specdec.runtime.kv_cache import PagedKVCache, token_rows
 from specdec.strategies import DraftInput
 from specdec.types import DraftTree
 
@@ -63,6 +63,72 @@ def _top(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tok, lp
 
 
+
+
+def _best_children(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, log-probabilities) [B, F, k] of the k best children, from raw draft logits
+    [B, F, Vd] (the log-softmax and the top-k in one compiled piece)."""
+    return _top(torch.log_softmax(logits, dim=-1), k)
+
+
+def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committed, live, block_tables,
+                  first: int, t: int, block_size: int, target_ids):
+    """Everything draft forward t >= 1 reads besides the model, in one compiled piece (in the
+    eager step this index arithmetic was ~40 launches per depth).
+
+    Args:
+        prev_hidden: [B, F_prev, d] outputs of the previous forward's rows; prev_anc: [B, F_prev, W]
+            their ancestor bits; parent_slot, tokens: [B, F] int64 the frontier (draft ids);
+        own_bits: [F, W] int32 the frontier rows' own bits; committed: [B] int64; live: [B] bool;
+        block_tables: the draft cache's; first: the first stored row of forward t.
+    Returns:
+        hidden [B, F, d], anc [B, F, W] (ancestors and self), write_index [B, F], q_len [B],
+        key_len [B], positions [B, F] (RoPE: committed + t - 1), target_tokens [B, F].
+    """
+    B, F = tokens.shape
+    hidden = torch.gather(prev_hidden, 1, parent_slot[..., None].expand(-1, -1, prev_hidden.shape[-1]))
+    anc = torch.gather(prev_anc, 1, parent_slot[..., None].expand(-1, -1, prev_anc.shape[-1])) | own_bits
+    rows = committed[:, None] + first + torch.arange(F, device=tokens.device)[None]  # [B, F] storage positions
+    slots = torch.arange(B, device=tokens.device)
+    write_index = token_rows(block_tables, slots, rows, live[:, None].expand(B, F), block_size)
+    q_len = torch.where(live, F, 0)
+    key_len = torch.where(live, first + F, 0)
+    positions = (committed + t - 1)[:, None].expand(B, F)
+    target_tokens = tokens if target_ids is None else target_ids[tokens]
+    return hidden, anc, write_index, q_len, key_len, positions, target_tokens
+
+
+def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_tables, rows: int, block_size: int):
+    """What the ingest forward reads, in one compiled piece: each live slot's accepted path
+    (accept_length + 1 rows, padded to `rows`) at positions committed - a - 1 ...
+
+    Args:
+        committed, accept_length: [B] int64; accept_tokens: [B, N] int64; hidden: [B, N, w]
+        (rows past the path may hold anything, NaN included); live: [B] bool.
+    Returns:
+        ingest [B] bool (slots with a new path), q_len [B], start [B], positions [B, rows],
+        write_index [B, rows], tokens [B, rows] (0 past the path), hidden [B, rows, w] (0 past it).
+    """
+    B = committed.shape[0]
+    ingest = live & (accept_length >= 0)
+    q_len = torch.where(ingest, accept_length + 1, 0)
+    start = torch.where(ingest, committed - accept_length - 1, 0)
+    t = torch.arange(rows, device=committed.device)[None]  # [1, rows]
+    valid = t < q_len[:, None]  # [B, rows]
+    positions = start[:, None] + t
+    write_index = token_rows(block_tables, torch.arange(B, device=committed.device), positions, valid, block_size)
+    tokens = torch.where(valid, accept_tokens[:, :rows], 0)
+    states = torch.where(valid[..., None], hidden[:, :rows], 0)
+    return ingest, q_len, start, positions, write_index, tokens, states
+
+
+def _ingest_outputs(out, logits, q_len, ingest, ctx, root):
+    """Each ingested slot's last row -> its new (ctx_hidden [B, d], root_logits [B, Vd]); others keep theirs."""
+    last = (q_len - 1).clamp(min=0)[:, None, None]  # [B, 1, 1]
+    new_ctx = torch.gather(out, 1, last.expand(-1, -1, out.shape[-1]))[:, 0]
+    new_logits = torch.gather(logits, 1, last.expand(-1, -1, logits.shape[-1]))[:, 0]
+    return (torch.where(ingest[:, None], new_ctx.to(ctx.dtype), ctx),
+            torch.where(ingest[:, None], new_logits.to(root.dtype), root))
 
 
 def _bit(k: int) -> int:
@@ -157,7 +223,10 @@ class HeadDrafter:
             dtype=self.dtype,
         )
         self._owns_cache = True
-        self.top = _top  # `use_compiled` swaps in torch.compile(_top)
+        self.top = _top  # `use_compiled` swaps in compiled pieces for these three
+        self.best_children = _best_children
+        self.depth_inputs = _depth_inputs
+        self.ingest_inputs, self.ingest_outputs = _ingest_inputs, _ingest_outputs
         self.attn_impl = "auto"  # `runtime.attention` impl: Triton on CUDA, the reference on CPU
         self.scale = head_dim**-0.5
         self.ctx_hidden = torch.zeros(B, hidden_size, device=self.device, dtype=self.dtype)  # [B, d]
@@ -174,8 +243,13 @@ class HeadDrafter:
         self._own_bits = own.to(self.device)
 
     def use_compiled(self, on: bool = True) -> None:
-        """Compiled candidate selection and policy glue (one graph for every batch size)."""
+        """Compiled candidate selection, per-depth inputs and policy glue (one graph for every
+        batch size and frontier width)."""
         self.top = compile_private(_top, dynamic=True, fullgraph=True) if on else _top
+        self.best_children = compile_private(_best_children, dynamic=True, fullgraph=True) if on else _best_children
+        self.depth_inputs = compile_private(_depth_inputs, dynamic=True, fullgraph=True) if on else _depth_inputs
+        self.ingest_inputs = compile_private(_ingest_inputs, dynamic=True, fullgraph=True) if on else _ingest_inputs
+        self.ingest_outputs = compile_private(_ingest_outputs, dynamic=True, fullgraph=True) if on else _ingest_outputs
         self.policy.use_compiled(on)
 
     def attach(self, cache: PagedKVCache) -> None:
@@ -294,23 +368,17 @@ class HeadDrafter:
         B = live.shape[0]
         R = self.depth + 1  # longest accepted path: D drafts + the bonus
         dev = self.device
-        committed = inputs.committed_len.to(dev)  # [B]
-        a = inputs.accept_length.to(dev)  # [B], -1 = nothing new
-        ingest = live & (a >= 0)  # [B]
-        q_len = torch.where(ingest, a + 1, 0)  # [B]
-        start = torch.where(ingest, committed - a - 1, 0)  # [B]
-        batch = prefill_batch(self.cache, torch.arange(B, device=dev), start, q_len, R, max_kv_len=kv_len)
-        valid = torch.arange(R, device=dev)[None] < q_len[:, None]  # [B, R]
-        tokens = torch.where(valid, inputs.accept_tokens[:, :R].to(dev), 0)
-        hidden = inputs.hidden[:, :R].to(dev, self.dtype)
-        hidden = torch.where(valid[..., None], hidden, 0)  # rows past a are undefined (maybe NaN)
-        out, logits = self._forward(self.embed(tokens), hidden, batch.positions, self._attend(batch), first=True)
-        last = (q_len - 1).clamp(min=0)[:, None, None]  # [B, 1, 1]
-        new_ctx = torch.gather(out, 1, last.expand(-1, -1, out.shape[-1]))[:, 0]  # [B, d]
-        new_logits = torch.gather(logits, 1, last.expand(-1, -1, logits.shape[-1]))[:, 0]  # [B, Vd]
+        ingest, q_len, start, positions, write_index, tokens, hidden = self.ingest_inputs(
+            inputs.committed_len.to(dev), inputs.accept_length.to(dev), inputs.accept_tokens.to(dev),
+            inputs.hidden[:, :R].to(dev, self.dtype), live, self.cache.block_tables, R, self.cache.block_size,
+        )  # accept_length -1 = nothing new since prefill
+        batch = AttentionBatch(slots=torch.arange(B, device=dev), cache_len=start, q_len=q_len, write_index=write_index,
+                               tree_mask=None, max_kv_len=kv_len, positions=positions)
+        out, logits = self._forward(self.embed(tokens), hidden, positions, self._attend(batch), first=True)
         ctx, root = self.ctx_hidden[:B], self.root_logits[:B]
-        ctx.copy_(torch.where(ingest[:, None], new_ctx.to(ctx.dtype), ctx))
-        root.copy_(torch.where(ingest[:, None], new_logits.to(root.dtype), root))
+        new_ctx, new_root = self.ingest_outputs(out, logits, q_len, ingest, ctx, root)
+        ctx.copy_(new_ctx)
+        root.copy_(new_root)
 
     def _log_dist(self, logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
         """Draft log-distribution [..., Vd]; tempered per slot when drafts are sampled."""
@@ -319,12 +387,15 @@ class HeadDrafter:
             logits = logits / t.view(-1, *([1] * (logits.dim() - 1)))
         return torch.log_softmax(logits, dim=-1)
 
-    def _candidates(self, logq: torch.Tensor, k: int, t: int, key: torch.Tensor, committed: torch.Tensor) -> Candidates:
-        """logq [B, F, Vd] -> the policy's k candidates per node (top-k, or k i.i.d. draws keyed
-        by (seed, position, call t)), with the distributions when `draft_probs` are returned."""
+    def _candidates(self, logits: torch.Tensor, k: int, t: int, key: torch.Tensor, committed: torch.Tensor,
+                    temperature: torch.Tensor | None) -> Candidates:
+        """Draft logits [B, F, Vd] -> the policy's k candidates per node (top-k, or k i.i.d.
+        draws keyed by (seed, position, call t) from the tempered distribution), with the
+        distributions when `draft_probs` are returned."""
         if not self.sample:
-            tok, lp = self.top(logq, k)
+            tok, lp = self.best_children(logits, k)
             return Candidates(tokens=tok, logq=lp)
+        logq = self._log_dist(logits, temperature)
         B, F, _ = logq.shape
         u = counter_uniforms(key, committed * 64 + t, F * k, STREAM_DRAFT).view(B, F, k)  # float64
         lq = clean_logq(logq.float())
@@ -362,28 +433,19 @@ class HeadDrafter:
             """The policy's call t: candidates [B, F_t, K_t] of the frontier nodes."""
             t = frontier.depth
             if t == 0:  # the root: its child distribution is already known
-                return self._candidates(self._log_dist(self.root_logits[:B, None], temperature), frontier.k, 0, key, committed)
-            tokens, parent_slot = frontier.tokens, frontier.parent_slot
+                return self._candidates(self.root_logits[:B, None], frontier.k, 0, key, committed, temperature)
+            tokens = frontier.tokens  # [B, Fr] draft ids
             Fr = tokens.shape[1]
             first = self.row_offsets[t]
-            hidden = torch.gather(state["hidden"], 1, parent_slot[..., None].expand(-1, -1, state["hidden"].shape[-1]))
-            anc = torch.gather(state["anc"], 1, parent_slot[..., None].expand(-1, -1, state["anc"].shape[-1]))
-            anc = anc | self._own_bits[first : first + Fr]  # [B, Fr, W] ancestors + self
-            rows = committed[:, None] + first + torch.arange(Fr, device=dev)[None]  # [B, Fr] storage positions
-            batch = AttentionBatch(
-                slots=slots,
-                cache_len=committed,
-                q_len=torch.where(live, Fr, 0),
-                write_index=self.cache.write_index(slots, rows, live[:, None].expand(B, Fr)),
-                tree_mask=anc,
-                max_kv_len=kv_len,
-                key_len=torch.where(live, first + Fr, 0),
-            )
-            positions = (committed + t - 1)[:, None].expand(B, Fr)  # [B, Fr] RoPE positions
-            embeds = self.embed(self._to_target(tokens))
-            out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=False)
+            hidden, anc, write_index, q_len, key_len, positions, target_tokens = self.depth_inputs(
+                state["hidden"], state["anc"], frontier.parent_slot, tokens, self._own_bits[first : first + Fr],
+                committed, live, self.cache.block_tables, first, t, self.cache.block_size, self.target_ids,
+            )  # anc [B, Fr, W]: ancestors + self; positions [B, Fr]: RoPE committed + t - 1
+            batch = AttentionBatch(slots=slots, cache_len=committed, q_len=q_len, write_index=write_index,
+                                   tree_mask=anc, max_kv_len=kv_len, key_len=key_len)
+            out, logits = self._forward(self.embed(target_tokens), hidden, positions, self._attend(batch), first=False)
             state.update(hidden=out, anc=anc)
-            return self._candidates(self._log_dist(logits, temperature), frontier.k, t, key, committed)
+            return self._candidates(logits, frontier.k, t, key, committed, temperature)
 
         grown = self.policy.grow(expand, B, dev)
         return self._draft_tree(inputs.root_tokens.to(dev), grown, live)

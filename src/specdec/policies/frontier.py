@@ -57,6 +57,8 @@ class FrontierPolicy:
         self.samples = bool(samples)
         self.name = name
         self.history_size = history
+        # the loop's tensor glue, eager; `use_compiled` swaps in compiled copies
+        self._score_call, self._next_frontier, self._finish = _score_call, _next_frontier, _finish
 
     # ------------------------------------------------------------------ subclass hooks
     def _pick(self, t: int, score: torch.Tensor) -> torch.Tensor:
@@ -68,7 +70,14 @@ class FrontierPolicy:
         raise NotImplementedError
 
     def use_compiled(self, on: bool = True) -> None:
-        """Built-in policies with compiled glue override this; the default has none."""
+        """The loop's tensor glue (scores, next frontier, assembly) through torch.compile: a
+        few fused kernels per call instead of ~15 launches. Subclasses with compiled hooks of
+        their own extend this (and call it)."""
+        from ..compile_scope import compile_private
+
+        glue = dict(score_call=_score_call, next_frontier=_next_frontier, finish=_finish)
+        for name, fn in glue.items():
+            setattr(self, f"_{name}", compile_private(fn, dynamic=True, fullgraph=True) if on else fn)
 
     # ------------------------------------------------------------------ the loop
     def grow(self, expand, batch: int, device) -> GrownTree:
@@ -85,21 +94,17 @@ class FrontierPolicy:
             F, K = self.widths[t], self.children[t]
             cand = expand(Frontier(depth=t, tokens=fr_tok, parent_slot=parent_slot, k=K))
             _check_candidates(cand, B, F, K, t, self.name)
-            score = (fr_score[:, :, None] + clean_logq(cand.logq.float())).reshape(B, F * K)  # [B, F*K]
-            flat_tok = cand.tokens.reshape(B, F * K)
+            score, flat_tok, parent = self._score_call(fr_score, cand.logq, cand.tokens, fr_hist)  # [B, F*K] each
             hist_tok.append(flat_tok)
             hist_score.append(score)
-            hist_parent.append(fr_hist[:, :, None].expand(B, F, K).reshape(B, F * K))
+            hist_parent.append(parent)
             probs.append(cand.probs)
             if t > 0:
                 expanded.append((fr_hist, rows))
             rows += F
             if t + 1 < self.depth:
                 idx = self._pick(t, score)  # [B, F_{t+1}]
-                fr_tok = torch.gather(flat_tok, 1, idx)
-                fr_score = torch.gather(score, 1, idx)
-                fr_hist = offset + idx
-                parent_slot = idx // K
+                fr_tok, fr_score, fr_hist, parent_slot = self._next_frontier(flat_tok, score, idx, offset, K)
             offset += F * K
         scores = torch.cat(hist_score, 1)  # [B, M]
         sel = self._select(scores)  # [B, S]
@@ -109,7 +114,30 @@ class FrontierPolicy:
             dist_of = torch.full((B, offset), -1, dtype=torch.int64, device=device)  # history -> dist row
             for hist, first in expanded:
                 dist_of.scatter_(1, hist, first + torch.arange(hist.shape[1], device=device).expand_as(hist))
-        return assemble(sel, torch.cat(hist_tok, 1), torch.cat(hist_parent, 1), scores, dist_of, dists)
+        tokens, parents, num_nodes, dist_index = self._finish(sel, hist_tok, hist_parent, scores, dist_of)
+        return GrownTree(tokens=tokens, parents=parents, num_nodes=num_nodes, dist_index=dist_index, dists=dists)
+
+
+def _score_call(fr_score: torch.Tensor, logq: torch.Tensor, tokens: torch.Tensor, fr_hist: torch.Tensor):
+    """Call t's candidates into the history: fr_score [B, F], logq / tokens [B, F, K], fr_hist
+    [B, F] -> path scores, tokens and parent history indices, each [B, F * K]."""
+    B, F, K = tokens.shape
+    score = (fr_score[:, :, None] + clean_logq(logq.float())).reshape(B, F * K)
+    parent = fr_hist[:, :, None].expand(B, F, K).reshape(B, F * K)
+    return score, tokens.reshape(B, F * K), parent
+
+
+def _next_frontier(flat_tok: torch.Tensor, score: torch.Tensor, idx: torch.Tensor, offset: int, K: int):
+    """The picked candidates idx [B, F'] of call t (history offset `offset`, K per node) ->
+    the next frontier's tokens, scores, history indices and parent rows, each [B, F']."""
+    return torch.gather(flat_tok, 1, idx), torch.gather(score, 1, idx), offset + idx, idx // K
+
+
+def _finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
+    """`assemble` over the per-call history pieces, as a tuple (tokens, parents, num_nodes,
+    dist_index): a compiled piece returns tensors, not a `GrownTree`."""
+    tree = assemble(sel, torch.cat(hist_tok, 1), torch.cat(hist_parent, 1), scores, dist_of)
+    return tree.tokens, tree.parents, tree.num_nodes, tree.dist_index
 
 
 def _check_candidates(cand: Candidates, B: int, F: int, K: int, t: int, name: str) -> None:

@@ -64,6 +64,7 @@ class _Ranked(FrontierPolicy):
         self._rank = _best
 
     def use_compiled(self, on: bool = True) -> None:
+        super().use_compiled(on)
         self._rank = compile_private(_best, dynamic=True, fullgraph=True) if on else _best
 
 

@@ -28,7 +28,7 @@ from specdec.compile_scope import compile_private
 from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
 from specdec.ops.dispatch import use_triton
 
-__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache"]
+__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "token_rows"]
 
 
 class KVCacheError(RuntimeError):
@@ -41,7 +41,7 @@ def _check_int(name: str, value, lo: int) -> int:
     return value
 
 
-def _token_rows(block_tables, slots, positions, valid, block_size: int) -> torch.Tensor:
+def token_rows(block_tables, slots, positions, valid, block_size: int) -> torch.Tensor:
     """Flat token row of each (row, logical position), -1 where not valid, out of range or
     unallocated. block_tables [max_B, bps], slots [B], positions / valid [B, T] -> [B, T] int64."""
     inside = valid & (positions >= 0) & (positions < block_tables.shape[1] * block_size)
@@ -223,7 +223,7 @@ class PagedKVCache:
         ]  # per region: [num_tokens + 1, Hkv, hd], last row = sink
 
         self.compiled = False  # index arithmetic through torch.compile (`use_compiled`)
-        self._token_rows = _token_rows
+        self.token_rows = token_rows
         # Blocks are handed out by an allocator that layer groups of other models (a draft
         # head's KV) share: one pool, one set of block tables, one reservation per request.
         self.allocator = allocator or BlockAllocator(
@@ -262,7 +262,7 @@ class PagedKVCache:
     def use_compiled(self, on: bool = True) -> "PagedKVCache":
         """Compute write/token indices through torch.compile (one kernel instead of ~8)."""
         self.compiled = bool(on)
-        self._token_rows = compile_private(_token_rows, dynamic=True, fullgraph=True) if on else _token_rows
+        self.token_rows = compile_private(token_rows, dynamic=True, fullgraph=True) if on else token_rows
         return self
 
     # ----------------------------------------------------------------- views
@@ -322,7 +322,7 @@ class PagedKVCache:
         Returns:
             [B, T] int64.
         """
-        fn = self._token_rows
+        fn = self.token_rows
         return fn(self.block_tables, slots, positions, torch.ones_like(positions, dtype=torch.bool), self.block_size)
 
     def write_index(self, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -336,7 +336,7 @@ class PagedKVCache:
         Returns:
             [B, T] int64.
         """
-        fn = self._token_rows
+        fn = self.token_rows
         return fn(self.block_tables, slots, positions, valid, self.block_size)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, write_index: torch.Tensor, *, impl: str = "auto") -> None:
