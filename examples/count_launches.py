@@ -144,6 +144,8 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
         if hasattr(m, "fused"):
             m.fused = pieces
     counter.wrap(engine.runner, "verify", "verify")
+    for step in engine.steps.values():  # the state advance: one compiled piece
+        counter.wrap(step, "advance", "other", opaque=True)
     engine.submit(list(range(1, 40)), SamplingParams(max_new_tokens=20, ignore_eos=True))
     for _ in range(3):  # prefill, then steps: the counted one is a steady-state step
         engine.run_iteration()

@@ -121,6 +121,29 @@ class StepState:
         return self.accept_tokens.shape[1]
 
 
+def advance_state(active, accept_length, accept_tokens, root_tokens, committed_len, hidden_path, handoff,
+                  new_accept_nodes, new_accept_tokens, new_accept_length, captured) -> None:
+    """Advance every active slot's state past its verified path, in place (one compiled piece
+    when the step is compiled: ~20 launches otherwise). Inactive slots keep theirs.
+
+    Args (state, [B] / [B, N] views, updated in place): active, accept_length, accept_tokens,
+        root_tokens, committed_len, hidden_path ([B, N, w] or None), handoff [B, N + 1];
+        the verification's new_accept_nodes / new_accept_tokens [B, N], new_accept_length [B];
+        captured: [B, N, w] the target's states at the tree's nodes, or None.
+    """
+    bonus = new_accept_tokens.gather(1, new_accept_length[:, None])[:, 0]  # [B]
+    accept_length.copy_(torch.where(active, new_accept_length, accept_length))
+    accept_tokens.copy_(torch.where(active[:, None], new_accept_tokens, accept_tokens))
+    root_tokens.copy_(torch.where(active, bonus, root_tokens))
+    committed_len.add_(torch.where(active, new_accept_length + 1, 0))
+    if hidden_path is not None and captured is not None:
+        idx = new_accept_nodes.clamp(min=0)  # [B, N]; rows past accept_length are undefined
+        path = captured.gather(1, idx[:, :, None].expand(-1, -1, captured.shape[-1]))
+        hidden_path.copy_(path.to(hidden_path.dtype))
+    handoff[:, 0].copy_(new_accept_length)
+    handoff[:, 1:].copy_(new_accept_tokens)
+
+
 class DeviceStep:
     """The device part of one speculative step over a `StepState` (see the module docstring).
 
@@ -142,6 +165,7 @@ class DeviceStep:
         self.host_drafter = strategies.drafter_caps.runs_on_host
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
         self.uniforms = compile_private(counter_uniforms, dynamic=True, fullgraph=True) if compiled else counter_uniforms
+        self.advance = compile_private(advance_state, dynamic=True, fullgraph=True) if compiled else advance_state
 
     @staticmethod
     def _mark(timer, phase: str) -> None:
@@ -253,19 +277,10 @@ class DeviceStep:
         state.handoff[:, 0].fill_(0)
         state.handoff[:, 1].copy_(token)
 
-    @staticmethod
-    def _advance(state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:
-        active = state.active
-        bonus = accept_tokens.gather(1, accept_length[:, None])[:, 0]  # [B]
-        state.accept_length.copy_(torch.where(active, accept_length, state.accept_length))
-        state.accept_tokens.copy_(torch.where(active[:, None], accept_tokens, state.accept_tokens))
-        state.root_tokens.copy_(torch.where(active, bonus, state.root_tokens))
-        state.committed_len.add_(torch.where(active, accept_length + 1, 0))
-        if state.hidden_path is not None and captured is not None:
-            idx = accept_nodes.clamp(min=0)  # [B, N]; rows past accept_length are undefined
-            path = captured.gather(1, idx[:, :, None].expand(-1, -1, captured.shape[-1]))
-            state.hidden_path.copy_(path.to(state.hidden_path.dtype))
-        state.handoff[:, 0].copy_(accept_length)
-        state.handoff[:, 1:].copy_(accept_tokens)
+    def _advance(self, state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:
+        """The state after a verification (in place), and the hand-off row the host reads."""
+        path = None if state.hidden_path is None or captured is None else state.hidden_path
+        self.advance(state.active, state.accept_length, state.accept_tokens, state.root_tokens, state.committed_len,
+                     path, state.handoff, accept_nodes, accept_tokens, accept_length, captured if path is not None else None)
 
 

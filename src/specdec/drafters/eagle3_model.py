@@ -108,12 +108,15 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, embeds, hidden, cos, sin, attend: Attend) -> torch.Tensor:
-        """embeds, hidden: [B, T, d] -> the layer output [B, T, d] (fed to the next draft step)."""
-        normed = self.hidden_norm(hidden)
+    def forward(self, embeds, hidden, cos, sin, attend: Attend, final_norm: RMSNorm | None = None):
+        """embeds, hidden: [B, T, d] -> the layer output [B, T, d] (fed to the next draft step),
+        or with `final_norm` (output, final_norm(output)), the residual add fused with it."""
+        ln, hn = self.input_layernorm, self.hidden_norm
+        x, normed = ln.fused.norm_cat(embeds, hidden, ln.weight, hn.weight, ln.eps)  # [B, T, 2d], [B, T, d]
         residual = normed if self.norm_before_residual else hidden
-        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2d]
         h, normed_h = self.post_attention_layernorm.add_forward(residual, self.self_attn(x, cos, sin, attend))
+        if final_norm is not None:
+            return final_norm.add_forward(h, self.mlp(normed_h))
         return h + self.mlp(normed_h)
 
 
@@ -204,8 +207,9 @@ class Eagle3Model(nn.Module):
         if embeds.shape[-1] != d:
             raise Eagle3ShapeError(f"embeddings have width {embeds.shape[-1]}; the head's hidden size is {d}")
         cos, sin = self.rotary(positions, hidden.dtype)  # [B, T, 1, hd]
-        out = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attend)  # [B, T, d]
-        return out, self.logits(out)
+        out, normed = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attend, final_norm=self.norm)  # [B, T, d] x2
+        logits = self.lm_head(normed)
+        return out, logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def random_vocab_map(vocab_size: int, draft_vocab_size: int, generator: torch.Generator | None = None):

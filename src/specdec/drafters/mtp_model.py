@@ -133,10 +133,12 @@ class MTPModel(nn.Module):
 
     def fuse(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """[..., d] embeddings of the token at p + 1 and [..., d] states at p -> [..., d]."""
-        e = self.token_layernorm(embeds.to(hidden.dtype))
-        h = self.hidden_layernorm(hidden)
-        pair = [e, h] if self.config.concat_order == "embed_first" else [h, e]
-        return self.input_proj(torch.cat(pair, dim=-1))  # [..., d]
+        e, tn, hn = embeds.to(hidden.dtype), self.token_layernorm, self.hidden_layernorm
+        if self.config.concat_order == "embed_first":  # both norms and the concatenation in one piece
+            pair, _ = tn.fused.norm_cat(e, hidden, tn.weight, hn.weight, tn.eps)
+        else:
+            pair, _ = tn.fused.norm_cat(hidden, e, hn.weight, tn.weight, tn.eps)
+        return self.input_proj(pair)  # [..., d]
 
     def normed(self, state: torch.Tensor) -> torch.Tensor:
         """The block output h' -> what the head reads (final_layernorm(h'), or h')."""

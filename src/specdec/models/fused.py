@@ -24,7 +24,8 @@ from torch import nn
 
 from specdec.compile_scope import compile_private
 
-__all__ = ["EAGER", "Pieces", "compiled", "use_compiled", "rms_norm", "add_rms_norm", "rotary_qk", "rotary_cos_sin", "silu_mul"]
+__all__ = ["EAGER", "Pieces", "compiled", "use_compiled", "rms_norm", "add_rms_norm", "norm_cat", "rotary_qk",
+           "rotary_cos_sin", "silu_mul"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -38,6 +39,13 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     """The residual add and the next norm: (x + delta, rms_norm(x + delta)), both [..., d]."""
     h = x + delta
     return h, rms_norm(h, weight, eps)
+
+
+def norm_cat(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor, eps: float):
+    """Two RMSNorms side by side: (cat([rms_norm(a), rms_norm(b)], -1) [..., 2d], rms_norm(b) [..., d])
+    (an EAGLE-3 layer's input: normed embeddings beside normed hidden states)."""
+    nb = rms_norm(b, weight_b, eps)
+    return torch.cat([rms_norm(a, weight_a, eps), nb], dim=-1), nb
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -68,6 +76,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 _FUNCTIONS = dict(
     rms_norm=rms_norm,
     add_rms_norm=add_rms_norm,
+    norm_cat=norm_cat,
     rotary_qk=rotary_qk,
     rotary_cos_sin=rotary_cos_sin,
     silu_mul=silu_mul,
@@ -90,6 +99,11 @@ class Pieces:
         d = x.shape[-1]
         h, normed = self.fns["add_rms_norm"](x.reshape(-1, d), delta.reshape(-1, d), weight, eps)
         return h.view(x.shape), normed.view(x.shape)
+
+    def norm_cat(self, a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor, eps: float):
+        d = a.shape[-1]
+        both, nb = self.fns["norm_cat"](a.reshape(-1, d), b.reshape(-1, d), weight_a, weight_b, eps)
+        return both.view(*a.shape[:-1], 2 * d), nb.view(b.shape)
 
     def rotary_qk(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         rows = q.shape[:-2]
