@@ -16,6 +16,7 @@ propose) and other (tree build, verification, relocation, state advance).
 
     TRITON_INTERPRET=1 python examples/count_launches.py            # target-only, chain-5, tree-60
     TRITON_INTERPRET=1 python examples/count_launches.py chain-5
+    TRITON_INTERPRET=1 python examples/count_launches.py --json     # one JSON line per setup (tests)
 
 Approximate by construction (a GEMM may be two kernels, a compiled piece one to three); use
 it for differences, and bench_cycle.py on the GPU for the counts that are claimed.
@@ -156,8 +157,12 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
 
 
 def main() -> None:
+    import json
+
     torch.set_num_threads(1)
-    keys = sys.argv[1:] or list(SETUPS)
+    args = sys.argv[1:]
+    as_json = "--json" in args
+    keys = [a for a in args if a != "--json"] or list(SETUPS)
     unknown = [k for k in keys if k not in SETUPS]
     if unknown:
         sys.exit(f"unknown setups {unknown}; allowed: {list(SETUPS)}")
@@ -168,6 +173,9 @@ def main() -> None:
     for key in keys:
         counts = count_step(key, target, head, counter)
         total = sum(sum(c.values()) for c in counts.values())
+        if as_json:
+            print(json.dumps(dict(setup=key, total=total, phases={p: sum(c.values()) for p, c in counts.items()})))
+            continue
         print(f"{key}: {total} launches per step (tiny 4-layer target, batch 1, CPU proxy)")
         for phase, c in sorted(counts.items(), key=lambda kv: -sum(kv[1].values())):
             top = ", ".join(f"{op} {n}" for op, n in c.most_common(12))

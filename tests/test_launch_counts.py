@@ -1,0 +1,30 @@
+"""Launches per step do not creep back: `examples/count_launches.py` counts, on the CPU, the
+launches a CUDA step would make (aten ops outside compiled pieces, compiled pieces, Triton
+kernels; tiny 4-layer target, random EAGLE-3 head, batch 1). The bounds are this commit's
+counts plus a small margin; a change that adds eager glue to the step (an op per draft depth
+is 5 launches for a chain of 5) fails here before any GPU run. Lower a bound when a change
+removes launches."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# counted at 3f95bf1: 74 / 204 / 223 (458 for chain-5 before the draft glue was compiled)
+BOUNDS = {"target-only": 78, "chain-5": 210, "tree-60": 230}
+
+
+def test_launches_per_step_stay_within_their_bounds():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "count_launches.py", "--json", *BOUNDS], cwd=EXAMPLES, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = {r["setup"]: r for r in map(json.loads, run.stdout.strip().splitlines())}
+    assert set(counts) == set(BOUNDS)
+    for setup, bound in BOUNDS.items():
+        assert counts[setup]["total"] <= bound, f"{setup}: {counts[setup]} launches per step, bound {bound}"
+    # the speculative steps' draft glue is compiled: the head's own forwards dominate the draft
+    chain = counts["chain-5"]["phases"]
+    assert chain["draft.model"] > chain.get("draft.policy", 0) + chain.get("draft", 0) + chain.get("draft.ingest", 0)
