@@ -1,5 +1,9 @@
+"""Registers and spills of `_paged_attention_kernel` per launch shape and config, from ptxas on
+the CPU (the compile-only driver of tests/_sm90_compile.py). Run without TRITON_INTERPRET."""
 import sys
-sys.path.insert(0, "/work/main/tests")
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 import _sm90_compile as S
 import torch
 from specdec.kernels import tree_attention as ta
@@ -20,7 +24,6 @@ for (dtype, (H, hkv, hd), B, T, tree, splits) in [
                               0, splits, False)
     k = S.LAST["_paged_attention_kernel"]
     md = k.metadata
-    k._init_handles() if hasattr(k, "_init_handles") and False else None
     import subprocess, tempfile, os
     from triton.backends.nvidia.compiler import get_ptxas
     ptx = k.asm["ptx"]
