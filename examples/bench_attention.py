@@ -13,11 +13,18 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
 
     python examples/bench_attention.py            # on a CUDA machine
     python examples/bench_attention.py --quick    # anywhere, a smoke run
+    python examples/bench_attention.py --impls triton --context 1024 --nodes 61 \
+        --triton-configs 64x4x2 32x4x2 32x8x2 64x8x2   # the kernel's launch config, side by side
+
+`--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages (the first is
+the kernel's fixed default, 64x4x2), as rows `triton[BNxWxS]`: a choice of config read off
+one run (ptxas says the 61-row tree launch spills at the default; notes/gpu/issue20).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -92,13 +99,47 @@ def graph_timed(fn, iters: int, device) -> float | None:
         return None
 
 
+def _parse_config(text: str) -> dict:
+    """"32x4x2" -> dict(BLOCK_N=32, num_warps=4, num_stages=2)."""
+    try:
+        bn, warps, stages = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--triton-configs: {text!r} is not BLOCK_NxWARPSxSTAGES (e.g. 32x4x2)") from None
+    if bn not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 5:
+        raise SystemExit(f"--triton-configs: {text!r} out of range; BLOCK_N in 16/32/64/128, warps in 1/2/4/8/16, "
+                         "stages in 1..5")
+    return dict(BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+
+@contextlib.contextmanager
+def launch_config(cfg: dict | None):
+    """Launch the paged-attention kernel with `cfg` instead of its fixed config (None: as is).
+    Swaps the kernel module's `_fixed_config` for the duration: a measurement tool, not an API."""
+    if cfg is None:
+        yield
+        return
+    from specdec.kernels import tree_attention
+
+    before = tree_attention._fixed_config
+    tree_attention._fixed_config = lambda: dict(cfg)
+    try:
+        yield
+    finally:
+        tree_attention._fixed_config = before
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
     parser.add_argument("--impls", default="triton,flex,ref", help="comma-separated attention impls")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (tokens)")
     parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--context", type=int, default=None, help="committed tokens per row (default 2048)")
+    parser.add_argument("--nodes", type=int, default=None, help="tree nodes N (default 64)")
+    parser.add_argument("--triton-configs", nargs="+", default=None, metavar="BNxWxS",
+                        help="time the Triton kernel under each BLOCK_N x num_warps x num_stages")
     args = parser.parse_args()
+    configs = [_parse_config(c) for c in args.triton_configs] if args.triton_configs else [None]
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
@@ -106,6 +147,7 @@ def main() -> None:
         L, H, Hkv, hd, ctx, N, batches, dtype = 2, 4, 2, 16, 64, 8, (1, 2), torch.float32
     else:
         L, H, Hkv, hd, ctx, N, batches, dtype = 32, 32, 8, 128, 2048, 64, (1, 8), torch.bfloat16
+    ctx, N = args.context or ctx, args.nodes or N
     iters = args.iters or (3 if args.quick else 20)
     impls = args.impls.split(",")
     gen = torch.Generator().manual_seed(0)
@@ -137,33 +179,36 @@ def main() -> None:
                                               torch.full((1,), ctx, device=device), ctx, max_kv_len=ctx), ctx, ctx)
         for name, (batch, T, keys) in cases.items():
             q = torch.randn(B, T, H, hd, generator=gen).to(device, dtype)
-            for impl in impls:
+            runs = [(impl, cfg) for impl in impls for cfg in (configs if impl == "triton" else [None])]
+            for impl, cfg in runs:
                 if impl == "ref" and name == "prefill" and not args.quick:
                     continue  # dense [H, 2k, 2k] float32 scores: not a fair or useful number
+                label = impl if cfg is None else f"triton[{cfg['BLOCK_N']}x{cfg['num_warps']}x{cfg['num_stages']}]"
 
                 def forward(impl=impl, q=q, batch=batch):
                     for layer in range(L):
                         attention(q, cache, layer, batch, scale=scale, impl=impl)
 
                 try:
-                    forward()  # warm-up: compile / autotune
-                    eager = timed(forward, iters, device)
-                    graph = graph_timed(forward, iters, device) if impl != "ref" else None
+                    with launch_config(cfg):
+                        forward()  # warm-up: compile / autotune
+                        eager = timed(forward, iters, device)
+                        graph = graph_timed(forward, iters, device) if impl != "ref" else None
                 except Exception as err:  # noqa: BLE001
-                    print(f"  {name} bs={B} impl={impl} failed: {type(err).__name__}: {str(err)[:200]}")
+                    print(f"  {name} bs={B} impl={label} failed: {type(err).__name__}: {str(err)[:200]}")
                     continue
                 best = min(x for x in (eager, graph) if x is not None)
                 gbs = kv_bytes(B, keys) / (best * 1e-3) / 1e9
-                rows.append((name, B, impl, eager, graph, gbs))
+                rows.append((name, B, label, eager, graph, gbs))
 
-    print(f"{'case':8} {'bs':>3} {'impl':7} {'eager ms':>9} {'graph ms':>9} {'KV GB/s':>8}")
+    print(f"{'case':8} {'bs':>3} {'impl':16} {'eager ms':>9} {'graph ms':>9} {'KV GB/s':>8}")
     for name, B, impl, eager, graph, gbs in rows:
         g = f"{graph:9.3f}" if graph is not None else f"{'-':>9}"
-        print(f"{name:8} {B:3d} {impl:7} {eager:9.3f} {g} {gbs:8.1f}")
+        print(f"{name:8} {B:3d} {impl:16} {eager:9.3f} {g} {gbs:8.1f}")
     print("\ntree-verify / decode attention time (best of eager, graph):")
     best = {(n, b, i): min(x for x in (e, g) if x is not None) for n, b, i, e, g, _ in rows}
     for B in batches:
-        for impl in impls:
+        for impl in dict.fromkeys(i for _, _, i, _, _, _ in rows):
             if ("tree", B, impl) in best and ("decode", B, impl) in best:
                 ratio = best[("tree", B, impl)] / best[("decode", B, impl)]
                 print(f"  bs={B} {impl:7} {ratio:6.2f}x")
