@@ -1,0 +1,34 @@
+"""The benchmarks' CPU smoke runs finish and print their tables (the GPU runs are what they are
+for; this keeps the scripts from rotting between GPU sessions): bench_cycle with two compile
+modes side by side, bench_attention with two Triton launch configs side by side."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _run(*args: str) -> str:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, *args], cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return run.stdout
+
+
+def test_bench_cycle_times_two_compile_modes_side_by_side():
+    out = _run("bench_cycle.py", "--quick", "--compile", "off", "on", "--setups", "target-only", "chain-3",
+               "--contexts", "32", "--steps", "4")
+    rows = [line for line in out.splitlines() if line.startswith("| 32 |")]
+    assert [r.split("|")[2].strip() for r in rows] == [
+        "target-only [compile off]", "eagle3 chain 3 [compile off]", "target-only [compile on]", "eagle3 chain 3 [compile on]",
+    ]
+    assert rows[0].split("|")[5].strip() == "1.00"  # R against the first mode's target-only
+
+
+def test_bench_attention_times_each_triton_config():
+    out = _run("bench_attention.py", "--quick", "--impls", "triton", "--triton-configs", "16x4x1", "32x4x1", "--iters", "1")
+    for case in ("decode", "tree", "prefill"):
+        labels = {line.split()[2] for line in out.splitlines() if line.startswith(case)}
+        assert {"triton[16x4x1]", "triton[32x4x1]"} <= labels, (case, labels)
