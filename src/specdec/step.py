@@ -279,8 +279,7 @@ class DeviceStep:
 
     def _advance(self, state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:
         """The state after a verification (in place), and the hand-off row the host reads."""
-        path = None if state.hidden_path is None or captured is None else state.hidden_path
         self.advance(state.active, state.accept_length, state.accept_tokens, state.root_tokens, state.committed_len,
-                     path, state.handoff, accept_nodes, accept_tokens, accept_length, captured if path is not None else None)
+                     state.hidden_path, state.handoff, accept_nodes, accept_tokens, accept_length, captured)
 
 

@@ -172,7 +172,11 @@ class Eagle3Model(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-layer output [..., d] -> draft-vocabulary logits [..., Vd] float32 (float64 for a float64 head)."""
-        logits = self.lm_head(self.norm(hidden))
+        return self._head(self.norm(hidden))
+
+    def _head(self, normed: torch.Tensor) -> torch.Tensor:
+        """The final norm's output [..., d] -> logits [..., Vd], at least float32."""
+        logits = self.lm_head(normed)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def forward(
@@ -208,8 +212,7 @@ class Eagle3Model(nn.Module):
             raise Eagle3ShapeError(f"embeddings have width {embeds.shape[-1]}; the head's hidden size is {d}")
         cos, sin = self.rotary(positions, hidden.dtype)  # [B, T, 1, hd]
         out, normed = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attend, final_norm=self.norm)  # [B, T, d] x2
-        logits = self.lm_head(normed)
-        return out, logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return out, self._head(normed)
 
 
 def random_vocab_map(vocab_size: int, draft_vocab_size: int, generator: torch.Generator | None = None):

@@ -45,8 +45,8 @@ from specdec.config import ConfigError, SpecConfig
 from specdec.ops.random import STREAM_DRAFT, counter_uniforms
 from specdec.ops.sampling import sample_from_probs
 from specdec.runtime.attention import AttentionBatch, attention
-from specdec.runtime.batch import prefill_batch
-from specdec.runtime.kv_cache import PagedKVCache, token_rows
+from specdec.runtime.batch import new_rows, prefill_batch
+from specdec.runtime.kv_cache import PagedKVCache
 from specdec.strategies import DraftInput
 from specdec.types import DraftTree
 
@@ -88,14 +88,12 @@ def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committe
     B, F = tokens.shape
     hidden = torch.gather(prev_hidden, 1, parent_slot[..., None].expand(-1, -1, prev_hidden.shape[-1]))
     anc = torch.gather(prev_anc, 1, parent_slot[..., None].expand(-1, -1, prev_anc.shape[-1])) | own_bits
-    rows = committed[:, None] + first + torch.arange(F, device=tokens.device)[None]  # [B, F] storage positions
-    slots = torch.arange(B, device=tokens.device)
-    write_index = token_rows(block_tables, slots, rows, live[:, None].expand(B, F), block_size)
     q_len = torch.where(live, F, 0)
+    # the rows are stored at committed + first + f (positions the next ingest overwrites)
+    _, write_index = new_rows(block_tables, block_size, torch.arange(B, device=tokens.device), committed + first, q_len, F)
     key_len = torch.where(live, first + F, 0)
     positions = (committed + t - 1)[:, None].expand(B, F)
-    target_tokens = tokens if target_ids is None else target_ids[tokens]
-    return hidden, anc, write_index, q_len, key_len, positions, target_tokens
+    return hidden, anc, write_index, q_len, key_len, positions, _draft_to_target(tokens, target_ids)
 
 
 def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_tables, rows: int, block_size: int):
@@ -113,22 +111,29 @@ def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_
     ingest = live & (accept_length >= 0)
     q_len = torch.where(ingest, accept_length + 1, 0)
     start = torch.where(ingest, committed - accept_length - 1, 0)
-    t = torch.arange(rows, device=committed.device)[None]  # [1, rows]
-    valid = t < q_len[:, None]  # [B, rows]
-    positions = start[:, None] + t
-    write_index = token_rows(block_tables, torch.arange(B, device=committed.device), positions, valid, block_size)
+    slots = torch.arange(B, device=committed.device)
+    positions, write_index = new_rows(block_tables, block_size, slots, start, q_len, rows)
+    valid = positions < (start + q_len)[:, None]  # [B, rows] the path's rows
     tokens = torch.where(valid, accept_tokens[:, :rows], 0)
     states = torch.where(valid[..., None], hidden[:, :rows], 0)
     return ingest, q_len, start, positions, write_index, tokens, states
 
 
+def _last_row(x: torch.Tensor, q_len: torch.Tensor) -> torch.Tensor:
+    """Row q_len - 1 of each batch row: x [B, T, w] -> [B, w] (row 0 where q_len is 0)."""
+    last = (q_len - 1).clamp(min=0)[:, None, None]  # [B, 1, 1]
+    return torch.gather(x, 1, last.expand(-1, -1, x.shape[-1]))[:, 0]
+
+
+def _draft_to_target(draft_tokens: torch.Tensor, target_ids: torch.Tensor | None) -> torch.Tensor:
+    """Draft-vocabulary ids -> target ids (identity for a full-vocabulary head)."""
+    return draft_tokens if target_ids is None else target_ids[draft_tokens]
+
+
 def _ingest_outputs(out, logits, q_len, ingest, ctx, root):
     """Each ingested slot's last row -> its new (ctx_hidden [B, d], root_logits [B, Vd]); others keep theirs."""
-    last = (q_len - 1).clamp(min=0)[:, None, None]  # [B, 1, 1]
-    new_ctx = torch.gather(out, 1, last.expand(-1, -1, out.shape[-1]))[:, 0]
-    new_logits = torch.gather(logits, 1, last.expand(-1, -1, logits.shape[-1]))[:, 0]
-    return (torch.where(ingest[:, None], new_ctx.to(ctx.dtype), ctx),
-            torch.where(ingest[:, None], new_logits.to(root.dtype), root))
+    return (torch.where(ingest[:, None], _last_row(out, q_len).to(ctx.dtype), ctx),
+            torch.where(ingest[:, None], _last_row(logits, q_len).to(root.dtype), root))
 
 
 def _bit(k: int) -> int:
@@ -223,8 +228,7 @@ class HeadDrafter:
             dtype=self.dtype,
         )
         self._owns_cache = True
-        self.top = _top  # `use_compiled` swaps in compiled pieces for these three
-        self.best_children = _best_children
+        self.best_children = _best_children  # `use_compiled` swaps in compiled pieces for these four
         self.depth_inputs = _depth_inputs
         self.ingest_inputs, self.ingest_outputs = _ingest_inputs, _ingest_outputs
         self.attn_impl = "auto"  # `runtime.attention` impl: Triton on CUDA, the reference on CPU
@@ -245,7 +249,6 @@ class HeadDrafter:
     def use_compiled(self, on: bool = True) -> None:
         """Compiled candidate selection, per-depth inputs and policy glue (one graph for every
         batch size and frontier width)."""
-        self.top = compile_private(_top, dynamic=True, fullgraph=True) if on else _top
         self.best_children = compile_private(_best_children, dynamic=True, fullgraph=True) if on else _best_children
         self.depth_inputs = compile_private(_depth_inputs, dynamic=True, fullgraph=True) if on else _depth_inputs
         self.ingest_inputs = compile_private(_ingest_inputs, dynamic=True, fullgraph=True) if on else _ingest_inputs
@@ -268,7 +271,7 @@ class HeadDrafter:
     # ------------------------------------------------------------------ vocabularies
     def _to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (identity for a full-vocabulary head)."""
-        return draft_tokens if self.target_ids is None else self.target_ids[draft_tokens]
+        return _draft_to_target(draft_tokens, self.target_ids)
 
     def _full_probs(self, rows: torch.Tensor) -> torch.Tensor:
         """[B, N, Vd] draft probabilities -> [B, N, V] float32 over the target vocabulary."""
@@ -347,10 +350,9 @@ class HeadDrafter:
         tokens = torch.nn.utils.rnn.pad_sequence([t.to(dev) for t in next_tokens], batch_first=True)  # [n, T]
         states = torch.nn.utils.rnn.pad_sequence([h.to(dev, self.dtype) for h in hidden], batch_first=True)  # [n, T, w]
         out, logits = self._forward(self.embed(tokens), states, batch.positions, self._attend(batch), first=True)
-        last = (q_len - 1)[:, None, None]  # [n, 1, 1]
         index = torch.tensor(slots, device=dev)
-        self.ctx_hidden[index] = torch.gather(out, 1, last.expand(-1, -1, out.shape[-1]))[:, 0].to(self.ctx_hidden.dtype)
-        self.root_logits[index] = torch.gather(logits, 1, last.expand(-1, -1, logits.shape[-1]))[:, 0].to(self.root_logits.dtype)
+        self.ctx_hidden[index] = _last_row(out, q_len).to(self.ctx_hidden.dtype)
+        self.root_logits[index] = _last_row(logits, q_len).to(self.root_logits.dtype)
         self.live[index] = True
 
     def reset_slot(self, slot: int) -> None:
