@@ -389,21 +389,27 @@ def count_kernels(events) -> tuple[int, int]:
 
     kernels = launches = 0
     for e in events:
-        name = str(getattr(e, "name", ""))
         if getattr(e, "device_type", None) == DeviceType.CUDA:
-            kind = getattr(e, "activity_type", None)
-            if kind:
-                kernels += str(kind).lower() == "kernel"
-            else:
-                kernels += not (name.startswith(("Memcpy", "Memset")) or "Sync" in name)
-        elif name.startswith(("cudaGraphLaunch", "cuGraphLaunch")):  # CUPTI may add a version: _v10000
+            kernels += _is_kernel(e)
+        elif str(getattr(e, "name", "")).startswith(("cudaGraphLaunch", "cuGraphLaunch")):  # CUPTI may add _v10000
             launches += 1
     return kernels, launches
 
 
-def _profile_steps(engine, requests, steps: int) -> tuple[int, int, int]:
+def _is_kernel(event) -> bool:
+    """A CUDA-device profiler event is a kernel: its kineto activity type says so, or (torch
+    versions without `activity_type`) it is no memcpy, memset or sync record."""
+    kind = getattr(event, "activity_type", None)
+    if kind:
+        return str(kind).lower() == "kernel"
+    name = str(getattr(event, "name", ""))
+    return not (name.startswith(("Memcpy", "Memset")) or "Sync" in name)
+
+
+def _profile_steps(engine, requests, steps: int) -> tuple[int, int, int, dict[str, tuple[float, int]]]:
     """Profile up to `steps` `engine.step()` calls, stopping before a step that would run with
-    fewer of `requests` (a smaller batch); returns (kernels, graph launches, steps profiled)."""
+    fewer of `requests` (a smaller batch); returns (kernels, graph launches, steps profiled,
+    `kernel_times`)."""
     from torch.profiler import ProfilerActivity, profile
 
     from specdec.request import RUNNING
@@ -419,12 +425,7 @@ def _profile_steps(engine, requests, steps: int) -> tuple[int, int, int]:
         torch.cuda.synchronize(engine.device)
     events = prof.events()
     kernels, launches = count_kernels(events)
-    _LAST_KERNEL_TIMES.clear()
-    _LAST_KERNEL_TIMES.update(kernel_times(events))
-    return kernels, launches, done
-
-
-_LAST_KERNEL_TIMES: dict[str, tuple[float, int]] = {}  # name -> (device us, launches) of the last profile
+    return kernels, launches, done, kernel_times(events)
 
 
 def kernel_times(events) -> dict[str, tuple[float, int]]:
@@ -434,25 +435,22 @@ def kernel_times(events) -> dict[str, tuple[float, int]]:
 
     out: dict[str, tuple[float, int]] = {}
     for e in events:
-        if getattr(e, "device_type", None) != DeviceType.CUDA:
+        if getattr(e, "device_type", None) != DeviceType.CUDA or not _is_kernel(e):
             continue
-        kind = getattr(e, "activity_type", None)
         name = str(getattr(e, "name", ""))
-        if (str(kind).lower() != "kernel") if kind else (name.startswith(("Memcpy", "Memset")) or "Sync" in name):
-            continue
         us, n = out.get(name, (0.0, 0))
         out[name] = (us + e.time_range.elapsed_us(), n + 1)
     return out
 
 
-def log_kernel_times(label: str, steps: int, rows: int = 12) -> None:
-    """Log the top kernels of the last `kernels_per_step` profile: device ms and launches per step."""
-    if not _LAST_KERNEL_TIMES or steps <= 0:
+def log_kernel_times(label: str, times: dict[str, tuple[float, int]], steps: int, rows: int = 12) -> None:
+    """Log the top kernels of a profile (`kernel_times`): device ms and launches per step."""
+    if not times or steps <= 0:
         return
-    total = sum(us for us, _ in _LAST_KERNEL_TIMES.values())
+    total = sum(us for us, _ in times.values())
     log(f"KTIME {label}: {total / 1e3 / steps:.3f} ms of kernel time per step, "
-        f"{sum(n for _, n in _LAST_KERNEL_TIMES.values()) / steps:.0f} kernels per step")
-    for name, (us, n) in sorted(_LAST_KERNEL_TIMES.items(), key=lambda kv: -kv[1][0])[:rows]:
+        f"{sum(n for _, n in times.values()) / steps:.0f} kernels per step")
+    for name, (us, n) in sorted(times.items(), key=lambda kv: -kv[1][0])[:rows]:
         log(f"KTIME   {us / 1e3 / steps:8.3f} ms/step {n / steps:6.1f}/step  {name[:100]}")
 
 
@@ -499,17 +497,17 @@ def kernels_per_step(decoder, prompts: list[list[int]], *, max_new_tokens: int, 
             raise RuntimeError("the requests did not all reach the running state (one ended or failed in prefill)")
         for _ in range(warm_steps):
             engine.step()
-        kernels, launches, done = _profile_steps(engine, requests, steps)
+        kernels, launches, done, times = _profile_steps(engine, requests, steps)
         how = "graph replay" if launches else "eager step"
         if launches and kernels <= launches:  # the trace did not expand the graph into its kernels
             decoder.time_phases(True)  # the same step, run eagerly (no graph replay)
             for _ in range(warm_steps):
                 engine.step()
-            kernels, launches, done = _profile_steps(engine, requests, steps)
+            kernels, launches, done, times = _profile_steps(engine, requests, steps)
             how = "eager step (the profiler did not show the graph's kernels)"
         if not done:
             raise RuntimeError(f"no step left to profile: max_new_tokens={max_new_tokens} ran out in warm-up")
-        log_kernel_times(f"{kernel_label or 'step'} ({how})", done)
+        log_kernel_times(f"{kernel_label or 'step'} ({how})", times, done)
         return kernels / done, f"{how}, {done} steps"
     except Exception as err:  # a count is a nicety: never cost the benchmark its rows
         first = (str(err).splitlines() or [""])[0][:200]
