@@ -52,3 +52,13 @@ class World:
     def prefill_args(self, L: int):
         """(next_tokens [L], hidden [L, w]) for a prompt seq[:L] whose first generated token is seq[L]."""
         return self.seq[1 : L + 1].clone(), self.H[:L].clone()
+
+
+def saved_tiny_head(folder, *, seed: int, capture_layers, std: float = 0.3):
+    """A random EAGLE-3 head shaped for the tests' tiny 64-wide targets (hidden 64, head_dim
+    16), saved in the official layout to `folder`; returns `folder`."""
+    from specdec.drafters.eagle3_checkpoint import save_eagle3
+
+    save_eagle3(random_head(seed=seed, hidden_size=64, target_hidden_size=64, head_dim=16,
+                            capture_layers=capture_layers, std=std), folder)
+    return folder

@@ -14,9 +14,8 @@ import torch
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
 from specdec.adaptive import DecisionLog, StepCosts
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint, random_mtp  # noqa: F401
 from _tiny_models import make_checkpoint
 
@@ -35,7 +34,7 @@ def targets(tmp_path_factory):
     bigram = tmp_path_factory.mktemp("bigram")
     make_bigram_checkpoint(bigram, seed=1)
     head = tmp_path_factory.mktemp("head")
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1), head)
+    saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.1)
     return dict(llama=specdec.load_target(llama), bigram=specdec.load_target(bigram), head=head)
 
 

@@ -15,9 +15,8 @@ import pytest
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import e2e_cpu, random_mtp  # noqa: F401  (e2e_cpu: a fixture)
 from _tiny_models import make_checkpoint
 
@@ -37,7 +36,7 @@ def world(tmp_path_factory):
     folder = tmp_path_factory.mktemp("chunk_target")
     make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
     head = tmp_path_factory.mktemp("chunk_head")
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.3), head)
+    saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.3)
     return dict(target=specdec.load_target(folder), eagle3=head, mtp=random_mtp(seed=0))
 
 

@@ -14,9 +14,8 @@ import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint, random_mtp  # noqa: F401
 from _tiny_models import make_checkpoint
 
@@ -48,7 +47,7 @@ def bigram(tmp_path_factory):
 @pytest.fixture(scope="module")
 def eagle3_head(tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle3")
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1), folder)
+    saved_tiny_head(folder, seed=1, capture_layers=(1, 3, 4), std=0.1)
     return folder
 
 

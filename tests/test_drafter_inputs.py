@@ -17,10 +17,9 @@ import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 from specdec.drafters.mtp_checkpoint import save_mtp
 
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint  # noqa: F401  (e2e_cpu: a fixture)
 from _tiny_models import make_checkpoint
 
@@ -43,8 +42,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("fed")
     make_checkpoint("llama", root / "llama", num_hidden_layers=8, seed=3)
     make_bigram_checkpoint(root / "bigram", seed=1)  # drafts are accepted: long paths
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=CAPTURE, std=0.1),
-                root / "eagle3")
+    saved_tiny_head(root / "eagle3", seed=1, capture_layers=CAPTURE, std=0.1)
     save_mtp(bigram_oracle_mtp(), root / "mtp")
     hf = {name: AutoModelForCausalLM.from_pretrained(str(root / name), dtype=torch.float32, attn_implementation="eager").eval()
           for name in ("llama", "bigram")}

@@ -28,12 +28,11 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from specdec import ConfigError, SamplingParams, SpecConfig, SpecDecoder
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 from specdec.drafters.mtp_checkpoint import save_mtp
 from specdec.models import load_target
 
 from _chat_tokenizer import save_chat_tokenizer
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import random_mtp
 from _tiny_models import make_checkpoint
 
@@ -65,7 +64,7 @@ def world(tmp_path_factory):
     save_chat_tokenizer(folder)
     target = load_target(folder)
     eagle = tmp_path_factory.mktemp("fuzz_eagle3")
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(0, 1, 2)), eagle)
+    saved_tiny_head(eagle, seed=1, capture_layers=(0, 1, 2))
     mtp = tmp_path_factory.mktemp("fuzz_mtp")
     save_mtp(random_mtp(seed=2), mtp)
     base = SpecConfig(max_batch_size=3, max_seq_len=96, kv_block_size=4, compile=False, cuda_graphs=False)

@@ -26,9 +26,8 @@ import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import e2e_cpu, hf_greedy  # noqa: F401  (e2e_cpu: a fixture)
 from _tiny_models import make_checkpoint
 
@@ -46,8 +45,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("long")
     make_checkpoint("llama", root / "llama", num_hidden_layers=8, seed=3, max_position_embeddings=2048,
                     initializer_range=1.0)
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1),
-                root / "eagle3")
+    saved_tiny_head(root / "eagle3", seed=1, capture_layers=(1, 3, 4), std=0.1)
     hf = AutoModelForCausalLM.from_pretrained(str(root / "llama"), dtype=torch.float32, attn_implementation="eager").eval()
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, V, (edge - 3,), generator=gen).tolist() for edge in BOUNDARIES]  # 3 before the multiple

@@ -13,9 +13,8 @@ import pytest
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import e2e_cpu, random_mtp  # noqa: F401  (e2e_cpu: a fixture)
 from _tiny_models import make_checkpoint
 
@@ -30,7 +29,7 @@ def world(tmp_path_factory):
     folder = tmp_path_factory.mktemp("group_target")
     make_checkpoint("llama", folder, num_hidden_layers=4, seed=5)
     head = tmp_path_factory.mktemp("group_head")
-    save_eagle3(random_head(seed=2, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(0, 1, 2), std=0.3), head)
+    saved_tiny_head(head, seed=2, capture_layers=(0, 1, 2), std=0.3)
     return dict(target=specdec.load_target(folder), eagle3=head, mtp=random_mtp(seed=0), none=None)
 
 

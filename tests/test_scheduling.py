@@ -12,9 +12,8 @@ import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import e2e_cpu  # noqa: F401  (fixture)
 from _tiny_models import make_checkpoint
 
@@ -30,7 +29,7 @@ def world(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama8")
     make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
     head = tmp_path_factory.mktemp("head")
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1), head)
+    saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.1)
     target = specdec.load_target(folder)
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 96, (int(n),), generator=gen).tolist() for n in torch.randint(1, 30, (40,), generator=gen)]

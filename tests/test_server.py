@@ -26,12 +26,11 @@ httpx = pytest.importorskip("httpx")
 
 import specdec  # noqa: E402
 from specdec import SamplingParams, SpecConfig, SpecDecoder  # noqa: E402
-from specdec.drafters.eagle3_checkpoint import save_eagle3  # noqa: E402
 from specdec.server import build_app  # noqa: E402
 from specdec.testing.kit import references_on_cpu  # noqa: E402
 
 from _chat_tokenizer import save_chat_tokenizer  # noqa: E402
-from _eagle3_heads import random_head  # noqa: E402
+from _eagle3_heads import saved_tiny_head  # noqa: E402
 from _tiny_models import make_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")
@@ -76,7 +75,7 @@ def server(tmp_path_factory):
     make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
     save_chat_tokenizer(folder)
     head = tmp_path_factory.mktemp("head")
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 3, 4), std=0.1), head)
+    saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.1)
     config = SpecConfig(drafter="eagle3", verifier="target-only", max_draft_len=3, max_batch_size=4, max_seq_len=128,
                         kv_block_size=4)
     target = specdec.load_target(folder)

@@ -9,10 +9,9 @@ import pytest
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
 from specdec.cli import main
-from specdec.drafters.eagle3_checkpoint import save_eagle3
 
 from _chat_tokenizer import save_chat_tokenizer
-from _eagle3_heads import random_head
+from _eagle3_heads import saved_tiny_head
 from _mtp_heads import e2e_cpu  # noqa: F401  (a fixture)
 from _tiny_models import make_checkpoint
 
@@ -29,7 +28,7 @@ def world(tmp_path_factory):
     make_checkpoint("llama", folder, num_hidden_layers=4, seed=3)
     save_chat_tokenizer(folder)
     head = tmp_path_factory.mktemp("head")
-    save_eagle3(random_head(seed=1, hidden_size=64, target_hidden_size=64, head_dim=16, capture_layers=(1, 2, 3)), head)
+    saved_tiny_head(head, seed=1, capture_layers=(1, 2, 3))
     return dict(folder=folder, target=specdec.load_target(folder), head=head)
 
 
