@@ -15,6 +15,7 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
     python examples/bench_attention.py --quick    # anywhere, a smoke run
     python examples/bench_attention.py --impls triton --context 1024 --nodes 61 \
         --triton-configs 64x4x2 32x4x2 32x8x2 64x8x2   # the kernel's launch config, side by side
+    python examples/bench_attention.py --impls triton --num-splits 0 1 2 4 8   # key splits (0: chosen)
 
 `--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages (the first is
 the kernel's fixed default, 64x4x2), as rows `triton[BNxWxS]`: a choice of config read off
@@ -36,6 +37,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 from specdec.kernels.kv_relocate import relocate_kv  # noqa: E402
+from specdec.kernels.tree_attention import paged_attention  # noqa: E402
 from specdec.runtime.attention import attention  # noqa: E402
 from specdec.runtime.batch import decode_batch, prefill_batch, tree_batch  # noqa: E402
 from specdec.runtime.kv_cache import PagedKVCache  # noqa: E402
@@ -138,8 +140,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=None, help="tree nodes N (default 64)")
     parser.add_argument("--triton-configs", nargs="+", default=None, metavar="BNxWxS",
                         help="time the Triton kernel under each BLOCK_N x num_warps x num_stages")
+    parser.add_argument("--num-splits", nargs="+", type=int, default=None, metavar="S",
+                        help="time the Triton kernel with each key-split count (0: the one it picks)")
     args = parser.parse_args()
     configs = [_parse_config(c) for c in args.triton_configs] if args.triton_configs else [None]
+    if args.num_splits and min(args.num_splits) < 0:
+        raise SystemExit(f"--num-splits: {args.num_splits} must all be >= 0 (0: the kernel's own choice)")
+    splits = [s or None for s in args.num_splits] if args.num_splits else [None]
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
@@ -179,15 +186,21 @@ def main() -> None:
                                               torch.full((1,), ctx, device=device), ctx, max_kv_len=ctx), ctx, ctx)
         for name, (batch, T, keys) in cases.items():
             q = torch.randn(B, T, H, hd, generator=gen).to(device, dtype)
-            runs = [(impl, cfg) for impl in impls for cfg in (configs if impl == "triton" else [None])]
-            for impl, cfg in runs:
+            runs = [(impl, cfg, sp) for impl in impls
+                    for cfg in (configs if impl == "triton" else [None])
+                    for sp in (splits if impl == "triton" else [None])]
+            for impl, cfg, sp in runs:
                 if impl == "ref" and name == "prefill" and not args.quick:
                     continue  # dense [H, 2k, 2k] float32 scores: not a fair or useful number
                 label = impl if cfg is None else f"triton[{cfg['BLOCK_N']}x{cfg['num_warps']}x{cfg['num_stages']}]"
+                label += "" if sp is None else f"/s{sp}"
 
-                def forward(impl=impl, q=q, batch=batch):
+                def forward(impl=impl, q=q, batch=batch, sp=sp):
                     for layer in range(L):
-                        attention(q, cache, layer, batch, scale=scale, impl=impl)
+                        if sp is None:
+                            attention(q, cache, layer, batch, scale=scale, impl=impl)
+                        else:
+                            paged_attention(q, cache, layer, batch, scale=scale, num_splits=sp)
 
                 try:
                     with launch_config(cfg):
@@ -201,17 +214,17 @@ def main() -> None:
                 gbs = kv_bytes(B, keys) / (best * 1e-3) / 1e9
                 rows.append((name, B, label, eager, graph, gbs))
 
-    print(f"{'case':8} {'bs':>3} {'impl':16} {'eager ms':>9} {'graph ms':>9} {'KV GB/s':>8}")
+    print(f"{'case':8} {'bs':>3} {'impl':20} {'eager ms':>9} {'graph ms':>9} {'KV GB/s':>8}")
     for name, B, impl, eager, graph, gbs in rows:
         g = f"{graph:9.3f}" if graph is not None else f"{'-':>9}"
-        print(f"{name:8} {B:3d} {impl:16} {eager:9.3f} {g} {gbs:8.1f}")
+        print(f"{name:8} {B:3d} {impl:20} {eager:9.3f} {g} {gbs:8.1f}")
     print("\ntree-verify / decode attention time (best of eager, graph):")
     best = {(n, b, i): min(x for x in (e, g) if x is not None) for n, b, i, e, g, _ in rows}
     for B in batches:
         for impl in dict.fromkeys(i for _, _, i, _, _, _ in rows):
             if ("tree", B, impl) in best and ("decode", B, impl) in best:
                 ratio = best[("tree", B, impl)] / best[("decode", B, impl)]
-                print(f"  bs={B} {impl:7} {ratio:6.2f}x")
+                print(f"  bs={B} {impl:20} {ratio:6.2f}x")
 
     print("\nKV relocation over all layers (K and V), accept path of D+1 = 6 nodes:")
     print(f"{'bs':>3} {'impl':7} {'eager ms':>9} {'graph ms':>9}")
