@@ -45,42 +45,57 @@ __all__ = ["paged_attention", "paged_attention_triton"]
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _fixed_config() -> dict:
-    """Launch parameters without autotuning (tests: one compile per shape family)."""
+def _fixed_config(is_tree: bool, block_m: int) -> dict:
+    """Launch parameters without autotuning (tests: one compile per shape family).
+    PREFETCH: load the next key tile before scoring this one (see the kernel's loop)."""
     if _INTERPRET:
-        return dict(BLOCK_N=16)
-    return dict(BLOCK_N=64, num_warps=4, num_stages=2)
+        return dict(BLOCK_N=16, PREFETCH=True)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
 
 
 def _autotune_configs():
     if _INTERPRET:  # the interpreter only checks semantics: one config
-        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 16, "PREFETCH": False}, num_warps=4, num_stages=1)]
     return [
-        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bn, w, s in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 2))
+        triton.Config({"BLOCK_N": bn, "PREFETCH": pf}, num_warps=w, num_stages=s)
+        for bn, w, s, pf in ((16, 4, 2, True), (32, 4, 2, True), (16, 4, 2, False), (32, 4, 2, False),
+                             (64, 4, 2, False), (64, 8, 2, False), (128, 4, 2, False))
     ]
 
 
 if HAS_TRITON:
 
     @triton.jit
-    def _attend_tile(
-        start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
-        k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
-        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    def _load_tile(
+        start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, MAX_POS,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OFFS32: tl.constexpr, UPCAST: tl.constexpr,
     ):
-        """One key tile [start, start + BLOCK_N): scores, visibility, online-softmax update."""
+        """K and V of the key tile [start, start + BLOCK_N) ∩ [.., hi), read through the block
+        table; keys out of range (or unallocated) load as 0 and come back with key_ok False."""
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         in_range = (pos < hi) & (pos < MAX_POS)  # past the block table: unallocated, never read
         blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE, mask=in_range, other=-1)
         key_ok = in_range & (blk >= 0)
         row = blk * BLOCK_SIZE + pos % BLOCK_SIZE  # flat token row
-        kv_off = row[:, None] * skv_tok + hkv * skv_h + d[None, :]
+        if OFFS32:  # the layer's rows fit in 2^31 elements (checked on the host): 32-bit offsets
+            row = row.to(tl.int32)
+        kv_off = row[:, None] * skv_tok + hkv * skv_h + d[None, :]  # [BLOCK_N, HD_PAD]
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, HD_PAD]
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        return k, v, key_ok
+
+    @triton.jit
+    def _attend_tile(
+        start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
+        mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
+        BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        """One loaded key tile: scores, visibility, online-softmax update."""
+        pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         # cast: under torch.compile the scale can arrive as an fp64 constant, which would
         # promote the running max and sum to fp64 (a loop-carried type error on the GPU)
         s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale).to(tl.float32)  # [BLOCK_M, BLOCK_N]
@@ -109,9 +124,6 @@ if HAS_TRITON:
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         return m_new, l_i, acc
 
@@ -129,7 +141,7 @@ if HAS_TRITON:
         scale, window, T, HKV, G, ROWS, NUM_SPLITS, MAX_POS,  # runtime ints: fewer specializations
         HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+        PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, OFFS32: tl.constexpr,
     ):
         b = tl.program_id(0) // HKV
         hkv = tl.program_id(0) % HKV
@@ -177,22 +189,44 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
+        # PREFETCH: the next tile's block-table entries and K/V are loaded before this tile's
+        # scores, so their memory latency overlaps the tile's math (one tile of K/V more in
+        # registers); otherwise each tile waits for its own loads.
+        if PREFETCH:
+            k, v, key_ok = _load_tile(lo, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
+                                      MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
         if INTERPRET:  # the interpreter cannot take tensor bounds in range() (numpy 2); same body
             start = lo
             while start < hi:
+                if PREFETCH:
+                    k_next, v_next, ok_next = _load_tile(
+                        start + BLOCK_N, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
+                        MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
+                else:
+                    k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr,
+                                              sbt, MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
                 m_i, l_i, acc = _attend_tile(
-                    start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
-                    k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
-                    MAX_POS, BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
+                    start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
+                    mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION,
                 )
+                if PREFETCH:
+                    k, v, key_ok = k_next, v_next, ok_next
                 start += BLOCK_N
         else:
             for start in range(lo, hi, BLOCK_N):
+                if PREFETCH:
+                    k_next, v_next, ok_next = _load_tile(
+                        start + BLOCK_N, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
+                        MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
+                else:
+                    k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr,
+                                              sbt, MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
                 m_i, l_i, acc = _attend_tile(
-                    start, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
-                    k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
-                    MAX_POS, BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, INTERPRET,
+                    start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
+                    mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION,
                 )
+                if PREFETCH:
+                    k, v, key_ok = k_next, v_next, ok_next
 
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows that saw nothing stay 0
         o_off = split * so_s + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :]
@@ -278,11 +312,13 @@ if HAS_TRITON:
             o_arg, o_strides = out, (0,) + out.stride()[:3]
             l_arg, l_strides = cache_len, (0, 0, 0)
         precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        # 32-bit K/V offsets when every element of the layer's rows is addressable in int32
+        offs32 = max(k_rows.shape[0] * k_rows.stride(0), v_rows.shape[0] * v_rows.stride(0)) < 2**31
         grid = (B * hkv, triton.cdiv(rows, block_m), num_splits)
         if autotune:
             kernel, config = _paged_attention_tuned, {}
         else:
-            kernel, config = _paged_attention_kernel, _fixed_config()
+            kernel, config = _paged_attention_kernel, _fixed_config(is_tree, block_m)
         wrap_triton(kernel)[grid](
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
@@ -295,7 +331,8 @@ if HAS_TRITON:
             l_arg, *l_strides,
             scale, window, T, hkv, group, rows, num_splits, max_pos,
             HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m, SPLIT=num_splits > 1,
-            IS_TREE=is_tree, HAS_WINDOW=has_window, PRECISION=precision, INTERPRET=_INTERPRET, **config,
+            IS_TREE=is_tree, HAS_WINDOW=has_window, PRECISION=precision, INTERPRET=_INTERPRET,
+            OFFS32=offs32, **config,
         )
         if num_splits > 1:
             wrap_triton(_combine_kernel)[(triton.cdiv(B * T * H, _COMBINE_ROWS.value),)](

@@ -34,8 +34,11 @@ for (dtype, (H, hkv, hd), B, T, tree, splits) in [
     print(f"H={H}/{hkv} hd={hd} T={T} rows={T*H//hkv} BLOCK_M={ta._block_m(T*H//hkv)}: "
           f"shared {md.shared} warps {md.num_warps} stages {md.num_stages} :: {info}")
 print("--- variants")
-for cfg in (dict(BLOCK_N=64, num_warps=8, num_stages=2), dict(BLOCK_N=32, num_warps=4, num_stages=2), dict(BLOCK_N=32, num_warps=8, num_stages=2), dict(BLOCK_N=64, num_warps=4, num_stages=1)):
-    ta._fixed_config = lambda cfg=cfg: cfg
+VARIANTS = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, PREFETCH=pf) for bn, w, st, pf in
+            ((64, 4, 2, False), (16, 4, 2, False), (16, 4, 2, True), (32, 4, 2, True), (64, 4, 2, True),
+             (16, 4, 1, True), (32, 4, 1, True))]
+for cfg in VARIANTS:
+    ta._fixed_config = lambda *_, cfg=cfg: cfg
     for T in (1, 61):
         H, hkv, hd, B = 32, 8, 128, 1
         dtype = torch.bfloat16
