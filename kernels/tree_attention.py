@@ -46,20 +46,25 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _fixed_config(is_tree: bool, block_m: int) -> dict:
-    """Launch parameters without autotuning (tests: one compile per shape family).
-    PREFETCH: load the next key tile before scoring this one (see the kernel's loop)."""
+    """Launch parameters without autotuning (tests: one compile per shape family), per launch
+    shape, as measured on the H200 (`examples/bench_attention.py --triton-configs`, 8B layout,
+    bf16; notes/gpu/issue20/ATTENTION.md): a tree verify with full 64-row query tiles runs
+    1.4-1.7x faster with 16-key tiles than with 64 (bs 1 and 8, context 1k; bs 8 at 4k; 8%
+    slower at bs 1, 4k), and spills no registers (255 -> 206); decode and prefill keep
+    64-key tiles, the fastest there."""
     if _INTERPRET:
-        return dict(BLOCK_N=16, PREFETCH=True)
-    return dict(BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
+        return dict(BLOCK_N=16)
+    if is_tree and block_m >= 64:
+        return dict(BLOCK_N=16, num_warps=4, num_stages=2)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
 def _autotune_configs():
     if _INTERPRET:  # the interpreter only checks semantics: one config
-        return [triton.Config({"BLOCK_N": 16, "PREFETCH": False}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
     return [
-        triton.Config({"BLOCK_N": bn, "PREFETCH": pf}, num_warps=w, num_stages=s)
-        for bn, w, s, pf in ((16, 4, 2, True), (32, 4, 2, True), (16, 4, 2, False), (32, 4, 2, False),
-                             (64, 4, 2, False), (64, 8, 2, False), (128, 4, 2, False))
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bn, w, s in ((16, 4, 2), (32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2))
     ]
 
 
@@ -141,7 +146,7 @@ if HAS_TRITON:
         scale, window, T, HKV, G, ROWS, NUM_SPLITS, MAX_POS,  # runtime ints: fewer specializations
         HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, OFFS32: tl.constexpr,
+        PRECISION: tl.constexpr, INTERPRET: tl.constexpr, OFFS32: tl.constexpr,
     ):
         b = tl.program_id(0) // HKV
         hkv = tl.program_id(0) % HKV
@@ -189,44 +194,24 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
-        # PREFETCH: the next tile's block-table entries and K/V are loaded before this tile's
-        # scores, so their memory latency overlaps the tile's math (one tile of K/V more in
-        # registers); otherwise each tile waits for its own loads.
-        if PREFETCH:
-            k, v, key_ok = _load_tile(lo, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                      MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
         if INTERPRET:  # the interpreter cannot take tensor bounds in range() (numpy 2); same body
             start = lo
             while start < hi:
-                if PREFETCH:
-                    k_next, v_next, ok_next = _load_tile(
-                        start + BLOCK_N, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                        MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
-                else:
-                    k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr,
-                                              sbt, MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
+                k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
                     mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION,
                 )
-                if PREFETCH:
-                    k, v, key_ok = k_next, v_next, ok_next
                 start += BLOCK_N
         else:
             for start in range(lo, hi, BLOCK_N):
-                if PREFETCH:
-                    k_next, v_next, ok_next = _load_tile(
-                        start + BLOCK_N, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                        MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
-                else:
-                    k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr,
-                                              sbt, MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
+                k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
                     mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION,
                 )
-                if PREFETCH:
-                    k, v, key_ok = k_next, v_next, ok_next
 
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows that saw nothing stay 0
         o_off = split * so_s + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :]

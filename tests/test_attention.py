@@ -10,7 +10,6 @@ draft tree grown one depth per forward) are checked on all three paths, and the 
 kernel's result is checked not to depend on `max_kv_len` (one CUDA graph for all lengths).
 """
 
-import contextlib
 import dataclasses
 import math
 import random
@@ -21,7 +20,6 @@ import torch.nn.functional as F
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from specdec.kernels import tree_attention
 from specdec.kernels.tree_attention import paged_attention
 from specdec.runtime.attention import AttentionBatch, attention, query_positions
 from specdec.runtime.batch import decode_batch, prefill_batch, tree_batch
@@ -85,20 +83,8 @@ def tree_cases(draw, head_dims=(4, 8, 12, 16)):
         block_size=draw(st.sampled_from([1, 2, 3, 4, 16])), kv_heads=draw(st.integers(1, 2)),
         group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from(head_dims)),
         window=draw(st.one_of(st.none(), st.integers(1, 24))), splits=draw(st.integers(1, 3)),
-        prefetch=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+        seed=draw(st.integers(0, 2**16)),
     )
-
-
-@contextlib.contextmanager
-def kernel_prefetch(flag: bool):
-    """Launch the paged-attention kernel with its key-tile prefetch on or off (both loops are
-    shipped: the fixed config picks one per launch shape)."""
-    fixed = tree_attention._fixed_config
-    tree_attention._fixed_config = lambda *args: {**fixed(*args), "PREFETCH": flag}
-    try:
-        yield
-    finally:
-        tree_attention._fixed_config = fixed
 
 
 def build_tree_step(case):
@@ -123,9 +109,8 @@ def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case):
     cache, batch, q = build_tree_step(case)
     scale = case["head_dim"] ** -0.5
     ref = attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], impl="ref")
-    with kernel_prefetch(case["prefetch"]):
-        out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
-                              num_splits=case["splits"], autotune=False)
+    out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
+                          num_splits=case["splits"], autotune=False)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
 
 

@@ -34,9 +34,8 @@ for (dtype, (H, hkv, hd), B, T, tree, splits) in [
     print(f"H={H}/{hkv} hd={hd} T={T} rows={T*H//hkv} BLOCK_M={ta._block_m(T*H//hkv)}: "
           f"shared {md.shared} warps {md.num_warps} stages {md.num_stages} :: {info}")
 print("--- variants")
-VARIANTS = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, PREFETCH=pf) for bn, w, st, pf in
-            ((64, 4, 2, False), (16, 4, 2, False), (16, 4, 2, True), (32, 4, 2, True), (64, 4, 2, True),
-             (16, 4, 1, True), (32, 4, 1, True))]
+VARIANTS = [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in
+            ((64, 4, 2), (16, 4, 2), (32, 4, 2), (64, 8, 2), (16, 4, 3))]
 for cfg in VARIANTS:
     ta._fixed_config = lambda *_, cfg=cfg: cfg
     for T in (1, 61):
