@@ -13,6 +13,7 @@ kernel's result is checked not to depend on `max_kv_len` (one CUDA graph for all
 import dataclasses
 import math
 import random
+from unittest import mock
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from specdec.kernels import tree_attention
 from specdec.kernels.tree_attention import paged_attention
 from specdec.runtime.attention import AttentionBatch, attention, query_positions
 from specdec.runtime.batch import decode_batch, prefill_batch, tree_batch
@@ -83,7 +85,7 @@ def tree_cases(draw, head_dims=(4, 8, 12, 16)):
         block_size=draw(st.sampled_from([1, 2, 3, 4, 16])), kv_heads=draw(st.integers(1, 2)),
         group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from(head_dims)),
         window=draw(st.one_of(st.none(), st.integers(1, 24))), splits=draw(st.integers(1, 3)),
-        seed=draw(st.integers(0, 2**16)),
+        combine_rows=draw(st.sampled_from([1, 2, 16])), seed=draw(st.integers(0, 2**16)),
     )
 
 
@@ -109,8 +111,10 @@ def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case):
     cache, batch, q = build_tree_step(case)
     scale = case["head_dim"] ** -0.5
     ref = attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], impl="ref")
-    out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
-                          num_splits=case["splits"], autotune=False)
+    # the split-KV combine at every row count per program it may run with (GPU 1, interpreter 16)
+    with mock.patch.object(tree_attention, "_combine_rows", lambda: case["combine_rows"]):
+        out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
+                              num_splits=case["splits"], autotune=False)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
 
 
