@@ -17,8 +17,8 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
         --triton-configs 64x4x2 32x4x2 32x8x2 64x8x2   # the kernel's launch config, side by side
     python examples/bench_attention.py --impls triton --num-splits 0 1 2 4 8   # key splits (0: chosen)
 
-`--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages, as rows
-`triton[BNxWxS]` (the kernel's own per-shape choice is `kernels/tree_attention._fixed_config`,
+`--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages ("u": its
+single key loop, no committed-keys-only tiles first), as rows `triton[BNxWxS]` (the kernel's own per-shape choice is `kernels/tree_attention._fixed_config`,
 read off such runs: notes/gpu/issue20/ATTENTION.md).
 """
 
@@ -102,15 +102,18 @@ def graph_timed(fn, iters: int, device) -> float | None:
 
 
 def _parse_config(text: str) -> dict:
-    """"32x4x2" -> dict(BLOCK_N=32, num_warps=4, num_stages=2)."""
+    """"32x4x2" -> dict(BLOCK_N=32, num_warps=4, num_stages=2, COMMITTED_FIRST=True); a trailing
+    "u" ("16x4x2u") runs the kernel's single key loop (every tile with the full visibility
+    arithmetic) instead of committed-keys-only tiles first."""
+    single = text.lower().endswith("u")
     try:
-        bn, warps, stages = (int(x) for x in text.lower().split("x"))
+        bn, warps, stages = (int(x) for x in text.lower().removesuffix("u").split("x"))
     except ValueError:
-        raise SystemExit(f"--triton-configs: {text!r} is not BLOCK_NxWARPSxSTAGES (e.g. 32x4x2)") from None
+        raise SystemExit(f"--triton-configs: {text!r} is not BLOCK_NxWARPSxSTAGES[u] (e.g. 32x4x2, 16x4x2u)") from None
     if bn not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 5:
         raise SystemExit(f"--triton-configs: {text!r} out of range; BLOCK_N in 16/32/64/128, warps in 1/2/4/8/16, "
                          "stages in 1..5")
-    return dict(BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    return dict(BLOCK_N=bn, num_warps=warps, num_stages=stages, COMMITTED_FIRST=not single)
 
 
 @contextlib.contextmanager
@@ -192,7 +195,8 @@ def main() -> None:
             for impl, cfg, sp in runs:
                 if impl == "ref" and name == "prefill" and not args.quick:
                     continue  # dense [H, 2k, 2k] float32 scores: not a fair or useful number
-                label = impl if cfg is None else f"triton[{cfg['BLOCK_N']}x{cfg['num_warps']}x{cfg['num_stages']}]"
+                label = impl if cfg is None else (f"triton[{cfg['BLOCK_N']}x{cfg['num_warps']}x{cfg['num_stages']}"
+                                                  f"{'' if cfg['COMMITTED_FIRST'] else 'u'}]")
                 label += "" if sp is None else f"/s{sp}"
 
                 def forward(impl=impl, q=q, batch=batch, sp=sp):

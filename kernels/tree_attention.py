@@ -47,16 +47,18 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 def _fixed_config(is_tree: bool, block_m: int) -> dict:
     """Launch parameters without autotuning (tests: one compile per shape family), per launch
-    shape, as measured on the H200 (`examples/bench_attention.py --triton-configs`, 8B layout,
-    bf16; notes/gpu/issue20/ATTENTION.md): a tree verify with full 64-row query tiles runs
-    1.4-1.7x faster with 16-key tiles than with 64 (bs 1 and 8, context 1k; bs 8 at 4k; 8%
-    slower at bs 1, 4k), and spills no registers (255 -> 206); decode and prefill keep
-    64-key tiles, the fastest there."""
+    shape. Tile sizes as measured on the H200 (`examples/bench_attention.py --triton-configs`,
+    8B layout, bf16; notes/gpu/issue20/ATTENTION.md): a tree verify with full 64-row query
+    tiles runs 1.4-1.7x faster with 16-key tiles than with 64 (bs 1 and 8, context 1k; bs 8
+    at 4k; 8% slower at bs 1, 4k) and spills no registers; decode and prefill keep 64-key
+    tiles, the fastest there. COMMITTED_FIRST: the kernel scans committed-keys-only tiles
+    first (not yet timed on the GPU; `--triton-configs 16x4x2 16x4x2u` compares it with the
+    single loop)."""
     if _INTERPRET:
-        return dict(BLOCK_N=16)
+        return dict(BLOCK_N=16, COMMITTED_FIRST=True)
     if is_tree and block_m >= 64:
-        return dict(BLOCK_N=16, num_warps=4, num_stages=2)
-    return dict(BLOCK_N=64, num_warps=4, num_stages=2)
+        return dict(BLOCK_N=16, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
 
 
 def _combine_rows() -> int:
@@ -69,9 +71,9 @@ def _combine_rows() -> int:
 
 def _autotune_configs():
     if _INTERPRET:  # the interpreter only checks semantics: one config
-        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 16, "COMMITTED_FIRST": True}, num_warps=4, num_stages=1)]
     return [
-        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+        triton.Config({"BLOCK_N": bn, "COMMITTED_FIRST": True}, num_warps=w, num_stages=s)
         for bn, w, s in ((16, 4, 2), (32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2))
     ]
 
@@ -106,13 +108,39 @@ if HAS_TRITON:
         start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
         mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
         BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+        NEW_KEYS: tl.constexpr,
     ):
-        """One loaded key tile: scores, visibility, online-softmax update."""
+        """One loaded key tile: scores, visibility, online-softmax update. NEW_KEYS False: the
+        tile holds committed keys only, visible to every row (but for a window): no tree-mask
+        or causal arithmetic, and no row mask (padding rows are zeroed at the end)."""
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         # cast: under torch.compile the scale can arrive as an fp64 constant, which would
         # promote the running max and sum to fp64 (a loop-carried type error on the GPU)
         s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale).to(tl.float32)  # [BLOCK_M, BLOCK_N]
+        if NEW_KEYS:
+            visible = _visible_new(pos, key_ok, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t, pos_ptr, sp_b,
+                                   window, IS_TREE, HAS_WINDOW)
+        else:
+            visible = key_ok[None, :]  # [1, BLOCK_N]
+            if HAS_WINDOW:
+                visible = visible & ((qpos[:, None] - pos[None, :]) < window)
+        s = tl.where(visible, s, float("-inf"))
 
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _visible_new(
+        pos, key_ok, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, window,
+        IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    ):
+        """[BLOCK_M, BLOCK_N] visibility of a tile that may hold new keys: committed keys to every
+        row, new keys by the tree mask (or causally), a window on top."""
         kk = pos - cache_len  # index of the new row at this key, < 0 for committed keys
         is_new = kk >= 0
         kk_safe = tl.where(is_new, kk, 0)
@@ -130,15 +158,35 @@ if HAS_TRITON:
             new_pos = tl.load(pos_ptr + b * sp_b + kk_safe, mask=is_new & key_ok, other=0)
             kpos = tl.where(is_new, new_pos, pos)
             visible = visible & ((qpos[:, None] - kpos[None, :]) < window)
-        s = tl.where(visible, s, float("-inf"))
+        return visible
 
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        return m_new, l_i, acc
+    @triton.jit
+    def _scan(
+        lo, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+        k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        PRECISION: tl.constexpr, OFFS32: tl.constexpr, NEW_KEYS: tl.constexpr, INTERPRET: tl.constexpr,
+    ):
+        """The key tiles [lo, hi) in steps of BLOCK_N, folded into the running softmax."""
+        if INTERPRET:  # the interpreter cannot take tensor bounds in range() (numpy 2); same body
+            start = lo
+            while start < hi:
+                k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
+                m_i, l_i, acc = _attend_tile(
+                    start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
+                    pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS,
+                )
+                start += BLOCK_N
+        else:
+            for start in range(lo, hi, BLOCK_N):
+                k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
+                m_i, l_i, acc = _attend_tile(
+                    start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
+                    pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS,
+                )
+        return m_i, l_i, acc
 
     @triton.jit
     def _paged_attention_kernel(
@@ -154,7 +202,7 @@ if HAS_TRITON:
         scale, window, T, HKV, G, ROWS, NUM_SPLITS, MAX_POS,  # runtime ints: fewer specializations
         HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        PRECISION: tl.constexpr, INTERPRET: tl.constexpr, OFFS32: tl.constexpr,
+        PRECISION: tl.constexpr, INTERPRET: tl.constexpr, OFFS32: tl.constexpr, COMMITTED_FIRST: tl.constexpr,
     ):
         b = tl.program_id(0) // HKV
         hkv = tl.program_id(0) % HKV
@@ -202,24 +250,24 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
-        if INTERPRET:  # the interpreter cannot take tensor bounds in range() (numpy 2); same body
-            start = lo
-            while start < hi:
-                k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
-                m_i, l_i, acc = _attend_tile(
-                    start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
-                    mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION,
-                )
-                start += BLOCK_N
-        else:
-            for start in range(lo, hi, BLOCK_N):
-                k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
-                m_i, l_i, acc = _attend_tile(
-                    start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
-                    mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION,
-                )
+        # COMMITTED_FIRST: whole tiles of committed keys first (visible to every row: the cheap
+        # tile), then the rest, which holds the new keys (tree mask or causal) and a partial
+        # committed tile
+        mid = lo
+        if COMMITTED_FIRST:  # False: every tile takes the full visibility arithmetic (the A/B baseline)
+            mid = lo + tl.maximum(tl.minimum(hi, cache_len) - lo, 0) // BLOCK_N * BLOCK_N
+        m_i, l_i, acc = _scan(
+            lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+            k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+            BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET,
+        )
+        m_i, l_i, acc = _scan(
+            mid, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+            k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+            BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, True, INTERPRET,
+        )
+        l_i = tl.where(row_ok, l_i, 0.0)  # padding rows (t >= q_len) see nothing: 0 out, lse -inf
+        acc = tl.where(row_ok[:, None], acc, 0.0)
 
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows that saw nothing stay 0
         o_off = split * so_s + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :]

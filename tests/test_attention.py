@@ -85,7 +85,8 @@ def tree_cases(draw, head_dims=(4, 8, 12, 16)):
         block_size=draw(st.sampled_from([1, 2, 3, 4, 16])), kv_heads=draw(st.integers(1, 2)),
         group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from(head_dims)),
         window=draw(st.one_of(st.none(), st.integers(1, 24))), splits=draw(st.integers(1, 3)),
-        combine_rows=draw(st.sampled_from([1, 2, 16])), seed=draw(st.integers(0, 2**16)),
+        combine_rows=draw(st.sampled_from([1, 2, 16])), committed_first=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
     )
 
 
@@ -111,8 +112,12 @@ def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case):
     cache, batch, q = build_tree_step(case)
     scale = case["head_dim"] ** -0.5
     ref = attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], impl="ref")
-    # the split-KV combine at every row count per program it may run with (GPU 1, interpreter 16)
-    with mock.patch.object(tree_attention, "_combine_rows", lambda: case["combine_rows"]):
+    # the split-KV combine at every row count per program it may run with (GPU 1, interpreter 16);
+    # the key loop with and without committed-keys-only tiles first
+    fixed = tree_attention._fixed_config
+    config = lambda *a: {**fixed(*a), "COMMITTED_FIRST": case["committed_first"]}  # noqa: E731
+    with mock.patch.object(tree_attention, "_combine_rows", lambda: case["combine_rows"]), \
+            mock.patch.object(tree_attention, "_fixed_config", config):
         out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
                               num_splits=case["splits"], autotune=False)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)

@@ -34,8 +34,8 @@ for (dtype, (H, hkv, hd), B, T, tree, splits) in [
     print(f"H={H}/{hkv} hd={hd} T={T} rows={T*H//hkv} BLOCK_M={ta._block_m(T*H//hkv)}: "
           f"shared {md.shared} warps {md.num_warps} stages {md.num_stages} :: {info}")
 print("--- variants")
-VARIANTS = [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in
-            ((64, 4, 2), (16, 4, 2), (32, 4, 2), (64, 8, 2), (16, 4, 3))]
+VARIANTS = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, COMMITTED_FIRST=cf) for bn, w, st, cf in
+            ((64, 4, 2, True), (16, 4, 2, True), (16, 4, 2, False), (32, 4, 2, True), (16, 4, 3, True))]
 for cfg in VARIANTS:
     ta._fixed_config = lambda *_, cfg=cfg: cfg
     for T in (1, 61):
