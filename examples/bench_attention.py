@@ -18,8 +18,9 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
     python examples/bench_attention.py --impls triton --num-splits 0 1 2 4 8   # key splits (0: chosen)
 
 `--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages ("u": its
-single key loop, no committed-keys-only tiles first), as rows `triton[BNxWxS]` (the kernel's own per-shape choice is `kernels/tree_attention._fixed_config`,
-read off such runs: notes/gpu/issue20/ATTENTION.md).
+single key loop, no committed-keys-only tiles first), as rows `triton[BNxWxS]`; the kernel's
+own per-shape choice, `kernels/tree_attention._fixed_config`, is read off such runs
+(notes/gpu/issue20/ATTENTION.md).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class Eagle3Layer(nn.Module):
         """embeds, hidden: [B, T, d] -> the layer output [B, T, d] (fed to the next draft step),
         or with `final_norm` (output, final_norm(output)), the residual add fused with it."""
         ln, hn = self.input_layernorm, self.hidden_norm
-        x, normed = ln.fused.norm_cat(embeds, hidden, ln.weight, hn.weight, ln.eps)  # [B, T, 2d], [B, T, d]
+        x, normed = ln.fused.norm_cat(embeds, hidden, ln.weight, hn.weight, ln.eps, hn.eps)  # [B, T, 2d], [B, T, d]
         residual = normed if self.norm_before_residual else hidden
         h, normed_h = self.post_attention_layernorm.add_forward(residual, self.self_attn(x, cos, sin, attend))
         if final_norm is not None:

@@ -135,9 +135,9 @@ class MTPModel(nn.Module):
         """[..., d] embeddings of the token at p + 1 and [..., d] states at p -> [..., d]."""
         e, tn, hn = embeds.to(hidden.dtype), self.token_layernorm, self.hidden_layernorm
         if self.config.concat_order == "embed_first":  # both norms and the concatenation in one piece
-            pair, _ = tn.fused.norm_cat(e, hidden, tn.weight, hn.weight, tn.eps)
+            pair, _ = tn.fused.norm_cat(e, hidden, tn.weight, hn.weight, tn.eps, hn.eps)
         else:
-            pair, _ = tn.fused.norm_cat(hidden, e, hn.weight, tn.weight, tn.eps)
+            pair, _ = tn.fused.norm_cat(hidden, e, hn.weight, tn.weight, hn.eps, tn.eps)
         return self.input_proj(pair)  # [..., d]
 
     def normed(self, state: torch.Tensor) -> torch.Tensor:

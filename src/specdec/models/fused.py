@@ -41,11 +41,12 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     return h, rms_norm(h, weight, eps)
 
 
-def norm_cat(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor, eps: float):
+def norm_cat(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor, eps_a: float,
+             eps_b: float):
     """Two RMSNorms side by side: (cat([rms_norm(a), rms_norm(b)], -1) [..., 2d], rms_norm(b) [..., d])
     (an EAGLE-3 layer's input: normed embeddings beside normed hidden states)."""
-    nb = rms_norm(b, weight_b, eps)
-    return torch.cat([rms_norm(a, weight_a, eps), nb], dim=-1), nb
+    nb = rms_norm(b, weight_b, eps_b)
+    return torch.cat([rms_norm(a, weight_a, eps_a), nb], dim=-1), nb
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -100,9 +101,10 @@ class Pieces:
         h, normed = self.fns["add_rms_norm"](x.reshape(-1, d), delta.reshape(-1, d), weight, eps)
         return h.view(x.shape), normed.view(x.shape)
 
-    def norm_cat(self, a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor, eps: float):
+    def norm_cat(self, a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor, eps_a: float,
+                 eps_b: float):
         d = a.shape[-1]
-        both, nb = self.fns["norm_cat"](a.reshape(-1, d), b.reshape(-1, d), weight_a, weight_b, eps)
+        both, nb = self.fns["norm_cat"](a.reshape(-1, d), b.reshape(-1, d), weight_a, weight_b, eps_a, eps_b)
         return both.view(*a.shape[:-1], 2 * d), nb.view(b.shape)
 
     def rotary_qk(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -84,7 +84,7 @@ class FrontierPolicy:
         B = batch
         device = torch.device(device)
         hist_tok, hist_score, hist_parent = [], [], []
-        expanded, dist_rows = [], []  # (history index of the frontier nodes [B, F], first dist row)
+        expanded = []  # (history index of the frontier nodes [B, F], first dist row)
         probs = []
         fr_score = torch.zeros(B, 1, device=device)  # [B, F] path score of the frontier nodes
         fr_hist = torch.full((B, 1), -1, dtype=torch.int64, device=device)  # -1 = the root
