@@ -46,18 +46,16 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _fixed_config(is_tree: bool, block_m: int) -> dict:
-    """Launch parameters without autotuning (tests: one compile per shape family), per launch
-    shape. Tile sizes as measured on the H200 (`examples/bench_attention.py --triton-configs`,
-    8B layout, bf16; notes/gpu/issue20/ATTENTION.md): a tree verify with full 64-row query
-    tiles runs 1.4-1.7x faster with 16-key tiles than with 64 (bs 1 and 8, context 1k; bs 8
-    at 4k; 8% slower at bs 1, 4k) and spills no registers; decode and prefill keep 64-key
-    tiles, the fastest there. COMMITTED_FIRST: the kernel scans committed-keys-only tiles
-    first (not yet timed on the GPU; `--triton-configs 16x4x2 16x4x2u` compares it with the
-    single loop)."""
+    """Launch parameters without autotuning (tests: one compile per shape family). Measured on
+    the H200 (`examples/bench_attention.py --triton-configs`, 8B layout, bf16, tree N=61,
+    notes/gpu/issue20/ATTENTION.md): with committed-keys-only tiles scanned first
+    (COMMITTED_FIRST) 64-key tiles are the fastest for the tree verify too (graph ms over 32
+    layers, 16 / 32 / 64 keys: bs 1 ctx 1k 0.74 / 0.83 / 1.00, bs 1 4k 2.24 / 1.96 / 1.82,
+    bs 8 1k 3.23 / 2.99 / 2.98, bs 8 4k 9.49 / 8.06 / 6.87), and for decode and prefill; the
+    single key loop (COMMITTED_FIRST=False) runs the tree 1.4-3x slower."""
+    del is_tree, block_m  # one config for every launch shape (kept: the call sites name them)
     if _INTERPRET:
         return dict(BLOCK_N=16, COMMITTED_FIRST=True)
-    if is_tree and block_m >= 64:
-        return dict(BLOCK_N=16, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
     return dict(BLOCK_N=64, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
 
 
