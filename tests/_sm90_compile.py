@@ -82,7 +82,7 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 JITFunction.run = _compile_only
 
-from specdec.kernels import kv_relocate, kv_write, tree_attention, tree_build  # noqa: E402
+from specdec.kernels import kv_relocate, kv_write, rope_kv_write, tree_attention, tree_build  # noqa: E402
 from specdec.kernels import verify_greedy, verify_speculative, verify_target_only  # noqa: E402
 
 I64 = torch.int64
@@ -129,6 +129,14 @@ def kv() -> None:
             new = torch.empty(rows, width, dtype=dtype)
             kv_write.kv_write_triton(cache, cache, new, new, torch.zeros(rows, dtype=I64))
             print(f"ok kv write rows={rows} width={width} {dtype}")
+        for (H, Hkv, hd), dtype in (((9, 3, 64), torch.bfloat16), ((32, 8, 128), torch.bfloat16), ((4, 2, 64), torch.float32)):
+            q = torch.empty(rows, H, hd, dtype=dtype)
+            cache = torch.empty(100, Hkv, hd, dtype=dtype)
+            new = torch.empty(rows, Hkv * hd, dtype=dtype)
+            cos = torch.empty(rows, hd, dtype=dtype)
+            rope_kv_write.rope_kv_write_triton(q, cache, cache, q.view(rows, -1), new, new, cos, cos,
+                                               torch.zeros(rows, dtype=I64))
+            print(f"ok rope + kv write rows={rows} heads={H}/{Hkv}x{hd} {dtype}")
     for B in (1, 4):
         for P in TREE_SIZES:
             for dtype in (torch.bfloat16, torch.float32):

@@ -90,8 +90,8 @@ class Attention(nn.Module):
         v = v.view(B, T, Hkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.fused.rotary_qk(q, k, cos, sin)
-        cache.write(self.layer, k, v, batch.write_index)  # new rows' K/V before attention
+        # RoPE and the new rows' K/V store (before attention), one launch where Triton runs
+        q = cache.write_rotated(self.layer, q, k, v, cos, sin, batch.write_index, rotary=self.fused.rotary_qk)
         o = attention(q, cache, self.layer, batch, scale=self.scale, sliding_window=self.sliding_window, impl=attn_impl)
         return self.o_proj(o.reshape(B, T, H * hd))
 

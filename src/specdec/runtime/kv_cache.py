@@ -26,6 +26,7 @@ import torch
 
 from specdec.compile_scope import compile_private
 from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
+from specdec.kernels.rope_kv_write import rope_kv_write_triton
 from specdec.ops.dispatch import use_triton
 
 __all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "token_rows"]
@@ -355,6 +356,37 @@ class PagedKVCache:
         triton = use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
         fn = kv_write_triton if triton else kv_write_torch
         fn(self._rows[2 * layer], self._rows[2 * layer + 1], *rows)
+
+    def fuses_rope(self, impl: str = "auto") -> bool:
+        """True when `write_rotated` runs the fused Triton kernel (CUDA, or the interpreter
+        outside torch.compile), False when it runs the rotary piece and then `write`."""
+        return use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
+
+    def write_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor, write_index: torch.Tensor, *, rotary, impl: str = "auto") -> torch.Tensor:
+        """RoPE on the new rows' queries and keys, and the store of their K/V; returns the
+        rotated queries. One launch through `specdec.kernels.rope_kv_write` where Triton runs,
+        else `rotary(q, k, cos, sin)` (the model's rotary piece) and `write`.
+
+        Args:
+            q: [B, T, H, hd]; k, v: [B, T, Hkv, hd]; cos, sin: [B, T, 1, hd];
+            write_index: [B, T] int64 from `write_index`; rotary: the fallback RoPE function.
+        Returns:
+            [B, T, H, hd] the rotated queries.
+        """
+        if not self.fuses_rope(impl):
+            q, k = rotary(q, k, cos, sin)
+            self.write(layer, k, v, write_index, impl=impl)
+            return q
+        B, T, H, hd = q.shape
+        width = self.num_kv_heads[layer] * hd
+        q_out = torch.empty(B, T, H, hd, dtype=q.dtype, device=q.device)
+        rope_kv_write_triton(
+            q_out.view(B * T, H, hd), self._rows[2 * layer], self._rows[2 * layer + 1],
+            q.reshape(B * T, H * hd), k.reshape(B * T, width), v.reshape(B * T, width),
+            cos.reshape(B * T, hd), sin.reshape(B * T, hd), write_index.reshape(-1),
+        )
+        return q_out
 
     def gather(self, layer: int, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at logical positions (reference and test helper; unallocated positions read 0).
