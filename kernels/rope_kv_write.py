@@ -82,27 +82,27 @@ def _rope_kv_write_kernel(
     s1 = tl.load(sin_ptr + r * ss_r + cols, mask=in_half, other=0.0).to(tl.float32)
     s2 = tl.load(sin_ptr + r * ss_r + HALF + cols, mask=in_half, other=0.0).to(tl.float32)
     if h < H:
-        src = q_ptr + r * sq_r + h * hd
-        x1 = tl.load(src + cols, mask=in_half, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF + cols, mask=in_half, other=0.0).to(tl.float32)
-        dst = q_out_ptr + (r * H + h) * hd
-        tl.store(dst + cols, _rounded(x1 * c1 + (-x2) * s1, q_out_ptr.dtype.element_ty, INTERPRET), mask=in_half)
-        tl.store(dst + HALF + cols, _rounded(x2 * c2 + x1 * s2, q_out_ptr.dtype.element_ty, INTERPRET), mask=in_half)
+        q_src = q_ptr + r * sq_r + h * hd
+        x1 = tl.load(q_src + cols, mask=in_half, other=0.0).to(tl.float32)
+        x2 = tl.load(q_src + HALF + cols, mask=in_half, other=0.0).to(tl.float32)
+        q_dst = q_out_ptr + (r * H + h) * hd
+        tl.store(q_dst + cols, _rounded(x1 * c1 + (-x2) * s1, q_out_ptr.dtype.element_ty, INTERPRET), mask=in_half)
+        tl.store(q_dst + HALF + cols, _rounded(x2 * c2 + x1 * s2, q_out_ptr.dtype.element_ty, INTERPRET), mask=in_half)
     else:
         j = h - H
         row = tl.load(index_ptr + r)
         ok = in_half & (row >= 0)  # padding rows (row < 0) write nothing
-        src = k_ptr + r * sk_r + j * hd
-        x1 = tl.load(src + cols, mask=ok, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF + cols, mask=ok, other=0.0).to(tl.float32)
-        dst = row * Hkv * hd + j * hd
-        tl.store(k_rows_ptr + dst + cols, _rounded(x1 * c1 + (-x2) * s1, k_rows_ptr.dtype.element_ty, INTERPRET), mask=ok)
-        tl.store(k_rows_ptr + dst + HALF + cols, _rounded(x2 * c2 + x1 * s2, k_rows_ptr.dtype.element_ty, INTERPRET), mask=ok)
+        k_src = k_ptr + r * sk_r + j * hd
+        y1 = tl.load(k_src + cols, mask=ok, other=0.0).to(tl.float32)
+        y2 = tl.load(k_src + HALF + cols, mask=ok, other=0.0).to(tl.float32)
+        off = row * Hkv * hd + j * hd
+        tl.store(k_rows_ptr + off + cols, _rounded(y1 * c1 + (-y2) * s1, k_rows_ptr.dtype.element_ty, INTERPRET), mask=ok)
+        tl.store(k_rows_ptr + off + HALF + cols, _rounded(y2 * c2 + y1 * s2, k_rows_ptr.dtype.element_ty, INTERPRET), mask=ok)
         vsrc = v_ptr + r * sv_r + j * hd
         v1 = tl.load(vsrc + cols, mask=ok)
         v2 = tl.load(vsrc + HALF + cols, mask=ok)
-        tl.store(v_rows_ptr + dst + cols, v1.to(v_rows_ptr.dtype.element_ty), mask=ok)
-        tl.store(v_rows_ptr + dst + HALF + cols, v2.to(v_rows_ptr.dtype.element_ty), mask=ok)
+        tl.store(v_rows_ptr + off + cols, v1.to(v_rows_ptr.dtype.element_ty), mask=ok)
+        tl.store(v_rows_ptr + off + HALF + cols, v2.to(v_rows_ptr.dtype.element_ty), mask=ok)
 
 
 @triton_op("specdec::rope_kv_write", mutates_args=("q_out", "k_rows", "v_rows"))
