@@ -23,6 +23,10 @@ Step cost, beside tok/s (issue 20):
 - R = tau / (speedup over specdec target-only at the same batch, same run): what one step of
   the setup costs in target-only steps, as its tok/s implies (1.00 for target-only; `-` where
   there is no tau or no target-only row). A setup is faster than target-only iff tau > R.
+- prefill ms/call, ms/step, step R: each timed generate call is timed again for its first
+  token alone (`max_new_tokens=1`: prefill, the first draw, the request's setup); ms/step is
+  the rest of the call's time over its engine steps, and step R that over target-only's: the
+  step's own cost with prefill taken out (R above includes it).
 - kernels/step: CUDA kernels launched per engine step, counted with torch.profiler (CUPTI
   kernel records; memcpys and memsets are not counted) over `--kernel-steps` (default 4)
   steady-state `engine.step()` calls of the row's batch size, after every setup has been
@@ -218,18 +222,38 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
             log(f"  [{setup.name} | batch {B}] {len(outputs)}/{len(prompts)} prompts, "
                 f"{sum(map(len, outputs)) / seconds:.1f} tok/s so far")
         tokens = sum(map(len, outputs))
+        prefill_s = time_prefill(dec, prompts, B, device)
+        engine_steps = sum(max(steps[i : i + B]) for i in range(0, len(steps), B))  # a call steps its whole batch
         rows.append(dict(
             key=key, name=setup.name, batch=B, prompts=len(prompts), new_tokens=tokens, seconds=seconds,
             tok_s=tokens / seconds, tau=sum(len(o) - 1 for o in outputs) / max(sum(steps), 1),
             warmup_s=warm_s, graphs_after_warmup=captured, graphs_after_run=dec.engine.capture_count,
             dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="",
-            kernels_per_step=None, kernels_how=None,
+            kernels_per_step=None, kernels_how=None, prefill_s=prefill_s, calls=-(-len(prompts) // B),
+            engine_steps=engine_steps, step_ms=(seconds - prefill_s) / max(engine_steps, 1) * 1e3,
         ))
     if counts_kernels(args, device):
         return rows, dec  # profiled after every setup's timing (count_kernels_after_timing)
     del dec
     free_device(device)
     return rows, None
+
+
+def time_prefill(dec, prompts, B: int, device) -> float:
+    """Seconds the same generate calls take for their first token alone (prefill, the first
+    draw, the request's setup and teardown): what a call spends outside its steps."""
+    from specdec import SamplingParams
+
+    first_only = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    seconds = 0.0
+    for chunk in chunks(prompts, B):
+        with TimedRegion():
+            sync(device)
+            t0 = time.perf_counter()
+            dec.generate(chunk, first_only)
+            sync(device)
+            seconds += time.perf_counter() - t0
+    return seconds
 
 
 def counts_kernels(args, device) -> bool:
@@ -382,18 +406,20 @@ def fill_comparisons(rows: list[dict]) -> None:
         r["speedup_vs_target_only"] = r["tok_s"] / base["tok_s"] if base else None
         r["speedup_vs_hf_compiled"] = r["tok_s"] / hf["tok_s"] if hf else None
         r["R"] = implied_step_cost(r["tau"], r["speedup_vs_target_only"])
+        r["step_R"] = r["step_ms"] / base["step_ms"] if base and r.get("step_ms") and base.get("step_ms") else None
         r["identical"] = None
         if base is not None:  # r may cover the first few prompts only (transformers eager)
             r["identical"] = sum(a == b for a, b in zip(r["outputs"], base["outputs"]))
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["setup", "batch", "tok/s", "kernels/step", "R", "tau", "vs specdec target-only", "vs transformers compiled",
-            "identical to target-only"]
+    cols = ["setup", "batch", "tok/s", "kernels/step", "R", "tau", "prefill ms/call", "ms/step", "step R",
+            "vs specdec target-only", "vs transformers compiled", "identical to target-only"]
     order = sorted(rows, key=lambda r: (r["batch"], TABLE_ORDER.index(r["key"])))
     cells = [[
         r["name"], r["batch"], fmt(r["tok_s"], ".1f"), fmt_count(r.get("kernels_per_step")), fmt(r.get("R")),
-        fmt(r["tau"]),
+        fmt(r["tau"]), fmt(r["prefill_s"] / r["calls"] * 1e3 if r.get("prefill_s") is not None else None, ".1f"),
+        fmt(r.get("step_ms"), ".3f"), fmt(r.get("step_R")),
         fmt(r["speedup_vs_target_only"], ".2f", suffix="x"), fmt(r["speedup_vs_hf_compiled"], ".2f", suffix="x"),
         "-" if r["identical"] is None else f"{r['identical']}/{len(r['outputs'])} prompts",
     ] for r in order]
@@ -507,6 +533,9 @@ def main() -> None:
                                                                          else "") + ").")
     notes.append("R = tau / speedup over specdec target-only (same batch): a step's cost in target-only steps as "
                  "tok/s implies it (prefill and the host's share included); speculation gains iff tau > R.")
+    notes.append("prefill ms/call: the same generate calls timed for their first token alone (prefill, first draw, "
+                 "request setup); ms/step = (call seconds - that) / engine steps; step R = ms/step over target-only's: "
+                 "the step's own cost, prefill excluded.")
     notes.append(
         "identical: prompts whose new tokens equal specdec target-only's at the same batch size"
         + (" (float32: every specdec row must be n/n)." if dtype == torch.float32 else
