@@ -3,9 +3,10 @@ cache: one Triton launch per layer where the reference takes three (the rotary p
 kernels, q and k, and the K/V write).
 
 Semantics, for every new row r (R rows, H query heads, Hkv KV heads, head dim hd):
-``q_out[r] = rope(q[r])`` always; for ``index[r] >= 0``, ``k_rows[index[r]] = rope(k[r])``
-and ``v_rows[index[r]] = v[r]`` (cast to the cache dtype); rows with ``index[r] < 0``
-(padding) write no K/V. ``rope(x) = x * cos[r] + rotate_half(x) * sin[r]`` with
+``q_out[r] = rope(q[r])`` always; for ``index[r] >= 0``, K row ``index[r]`` = ``rope(k[r])`` and
+V row ``index[r]`` = ``v[r]`` (cast to the storage dtype; the rows live in the cache's flat
+storage at element offsets, as `specdec.kernels.kv_write` lays them out); rows with
+``index[r] < 0`` (padding) write no K/V a reader sees. ``rope(x) = x * cos[r] + rotate_half(x) * sin[r]`` with
 ``rotate_half(x) = cat(-x[hd/2:], x[:hd/2])``, what HF Llama applies
 (`specdec.models.fused.rotary_qk`). The kernel computes in float32 and rounds once per
 output, as the compiled rotary piece does; the eager reference rounds after each op, so in
@@ -35,8 +36,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def rope_kv_write_torch(
     q_out: torch.Tensor,  # [R, H, hd] written: the rotated queries
-    k_rows: torch.Tensor,  # [S + 1, Hkv, hd] written (the last row a sink)
-    v_rows: torch.Tensor,  # [S + 1, Hkv, hd] written
+    storage: torch.Tensor,  # [total] the cache's flat storage (written), as `kv_write_torch`
+    k_offset: int,  # element offset of the layer's K region: [sink_row + 1, Hkv * hd] token rows
+    v_offset: int,  # element offset of the layer's V region
+    sink_row: int,  # the regions' last row (never read)
     q: torch.Tensor,  # [R, H * hd] (any strides along R; contiguous within a row)
     k: torch.Tensor,  # [R, Hkv * hd]
     v: torch.Tensor,  # [R, Hkv * hd]
@@ -50,7 +53,7 @@ def rope_kv_write_torch(
     q3 = q.reshape(R, H, hd)
     k3 = k.reshape(R, -1, hd)
     q_out.copy_(q3 * c + _rotate_half(q3) * s)
-    kv_write_torch(k_rows, v_rows, (k3 * c + _rotate_half(k3) * s).reshape(R, -1), v, index)
+    kv_write_torch(storage, k_offset, v_offset, sink_row, (k3 * c + _rotate_half(k3) * s).reshape(R, -1), v, index)
 
 
 @triton.jit
@@ -67,7 +70,8 @@ def _rounded(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _rope_kv_write_kernel(
-    q_out_ptr, k_rows_ptr, v_rows_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, index_ptr,
+    q_out_ptr, storage_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, index_ptr,
+    k_offset, v_offset,  # element offsets of the K and V regions in the storage
     sq_r, sk_r, sv_r, sc_r, ss_r,  # row strides of q, k, v, cos, sin
     H, Hkv, HALF, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -95,28 +99,30 @@ def _rope_kv_write_kernel(
         k_src = k_ptr + r * sk_r + j * hd
         y1 = tl.load(k_src + cols, mask=ok, other=0.0).to(tl.float32)
         y2 = tl.load(k_src + HALF + cols, mask=ok, other=0.0).to(tl.float32)
-        off = row * Hkv * hd + j * hd
-        tl.store(k_rows_ptr + off + cols, _rounded(y1 * c1 + (-y2) * s1, k_rows_ptr.dtype.element_ty, INTERPRET), mask=ok)
-        tl.store(k_rows_ptr + off + HALF + cols, _rounded(y2 * c2 + y1 * s2, k_rows_ptr.dtype.element_ty, INTERPRET), mask=ok)
+        off = row * Hkv * hd + j * hd  # within a region
+        tl.store(storage_ptr + k_offset + off + cols, _rounded(y1 * c1 + (-y2) * s1, storage_ptr.dtype.element_ty, INTERPRET),
+                 mask=ok)
+        tl.store(storage_ptr + k_offset + off + HALF + cols,
+                 _rounded(y2 * c2 + y1 * s2, storage_ptr.dtype.element_ty, INTERPRET), mask=ok)
         vsrc = v_ptr + r * sv_r + j * hd
         v1 = tl.load(vsrc + cols, mask=ok)
         v2 = tl.load(vsrc + HALF + cols, mask=ok)
-        tl.store(v_rows_ptr + off + cols, v1.to(v_rows_ptr.dtype.element_ty), mask=ok)
-        tl.store(v_rows_ptr + off + HALF + cols, v2.to(v_rows_ptr.dtype.element_ty), mask=ok)
+        tl.store(storage_ptr + v_offset + off + cols, v1.to(storage_ptr.dtype.element_ty), mask=ok)
+        tl.store(storage_ptr + v_offset + off + HALF + cols, v2.to(storage_ptr.dtype.element_ty), mask=ok)
 
 
-@triton_op("specdec::rope_kv_write", mutates_args=("q_out", "k_rows", "v_rows"))
+@triton_op("specdec::rope_kv_write", mutates_args=("q_out", "storage"))
 def rope_kv_write_triton(
-    q_out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-    v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: torch.Tensor,
+    q_out: torch.Tensor, storage: torch.Tensor, k_offset: int, v_offset: int, sink_row: int, q: torch.Tensor,
+    k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: torch.Tensor,
 ) -> None:
-    """Kernel launcher, same signature as `rope_kv_write_torch` (q_out and the cache rows
-    contiguous; every row of q, k, v, cos, sin contiguous within itself)."""
+    """Kernel launcher, same signature as `rope_kv_write_torch` (q_out contiguous; every row of
+    q, k, v, cos, sin contiguous within itself; padding rows write no K/V)."""
     R, H, hd = q_out.shape
-    Hkv = k_rows.shape[1]
+    Hkv = k.shape[1] // hd
     half = hd // 2
     wrap_triton(_rope_kv_write_kernel)[(R, H + Hkv)](
-        q_out, k_rows, v_rows, q, k, v, cos, sin, index,
+        q_out, storage, q, k, v, cos, sin, index, k_offset, v_offset,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0), sin.stride(0),
         H, Hkv, half, BLOCK=triton.next_power_of_2(max(half, 1)), INTERPRET=_INTERPRET,
     )

@@ -125,16 +125,16 @@ def kv() -> None:
     """K/V row writes (rows = 1 or many, widths of real models) and the relocation over all layers."""
     for rows in (1, 2, 61):
         for width, dtype in ((64 * 3, torch.bfloat16), (128 * 8, torch.bfloat16), (64 * 5, torch.float32)):
-            cache = torch.empty(100, width, dtype=dtype)
+            storage = torch.empty(2 * 100 * width, dtype=dtype)
             new = torch.empty(rows, width, dtype=dtype)
-            kv_write.kv_write_triton(cache, cache, new, new, torch.zeros(rows, dtype=I64))
+            kv_write.kv_write_triton(storage, 0, 100 * width, 99, new, new, torch.zeros(rows, dtype=I64))
             print(f"ok kv write rows={rows} width={width} {dtype}")
         for (H, Hkv, hd), dtype in (((9, 3, 64), torch.bfloat16), ((32, 8, 128), torch.bfloat16), ((4, 2, 64), torch.float32)):
             q = torch.empty(rows, H, hd, dtype=dtype)
-            cache = torch.empty(100, Hkv, hd, dtype=dtype)
+            storage = torch.empty(2 * 100 * Hkv * hd, dtype=dtype)
             new = torch.empty(rows, Hkv * hd, dtype=dtype)
             cos = torch.empty(rows, hd, dtype=dtype)
-            rope_kv_write.rope_kv_write_triton(q, cache, cache, q.view(rows, -1), new, new, cos, cos,
+            rope_kv_write.rope_kv_write_triton(q, storage, 0, 100 * Hkv * hd, 99, q.view(rows, -1), new, new, cos, cos,
                                                torch.zeros(rows, dtype=I64))
             print(f"ok rope + kv write rows={rows} heads={H}/{Hkv}x{hd} {dtype}")
     for B in (1, 4):

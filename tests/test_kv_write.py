@@ -28,15 +28,21 @@ def test_kernel_write_equals_reference_write(rows, heads, head_dim, slots, paddi
     dst = torch.where(torch.rand(rows, generator=gen) < padding, -1, dst)
     qkv = torch.randn(rows, 3 * W, generator=gen, dtype=torch.float64 if cast else torch.float32)
     k, v = qkv[:, W : 2 * W], qkv[:, 2 * W :]  # strided views, as the fused projection gives them
-    base = torch.randn(slots + 1, heads, head_dim, generator=gen)
-    ref_k, ref_v, out_k, out_v = base.clone(), -base.clone(), base.clone(), -base.clone()
-    kv_write_torch(ref_k, ref_v, k, v, dst)
-    kv_write_triton(out_k, out_v, k, v, dst)
-    live = slice(0, slots)  # the sink row (last) is never read
-    assert torch.equal(out_k[live], ref_k[live]) and torch.equal(out_v[live], ref_v[live])
+    region = (slots + 1) * W  # [slots + 1, W] token rows, the last a sink
+    base = torch.randn(2 * region + 5, generator=gen)  # K region, V region, 5 elements of another region
+    ref, out = base.clone(), base.clone()
+    kv_write_torch(ref, 0, region, slots, k, v, dst)
+    kv_write_triton(out, 0, region, slots, k, v, dst)
+    rows = lambda x, off: x[off : off + region].view(slots + 1, W)[:slots]  # noqa: E731  (the sink is never read)
+    for off in (0, region):
+        assert torch.equal(rows(out, off), rows(ref, off))
+    assert torch.equal(out[2 * region :], base[2 * region :])  # nothing past the regions
     untouched = torch.ones(slots, dtype=torch.bool)
     untouched[dst[dst >= 0]] = False
-    assert torch.equal(out_k[:slots][untouched], base[:slots][untouched])
+    for off in (0, region):
+        assert torch.equal(rows(out, off)[untouched], rows(base, off)[untouched])
+    written = dst[dst >= 0]
+    assert torch.equal(rows(out, 0)[written], k[dst >= 0].float()) and torch.equal(rows(out, region)[written], v[dst >= 0].float())
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

@@ -214,14 +214,12 @@ class PagedKVCache:
                 widths.append(h * head_dim)
                 total += (self.num_tokens + 1) * h * head_dim
         self.storage = torch.zeros(total, device=self.device, dtype=dtype)  # [sum of regions]
+        self._offsets = offsets  # python ints: writes address the storage itself (`kv_write`)
         # [2 * num_layers] int64: element offset / row width of region 2*l (K) and 2*l + 1 (V)
         self.region_offsets = torch.tensor(offsets, dtype=torch.int64, device=self.device)
         self.row_widths = torch.tensor(widths, dtype=torch.int64, device=self.device)
         self.max_row_width = max(widths)
-        self._rows = [
-            self.storage[off : off + (self.num_tokens + 1) * w].view(self.num_tokens + 1, h, head_dim)
-            for off, w, h in zip(offsets, widths, (x for x in heads for _ in (0, 1)))
-        ]  # per region: [num_tokens + 1, Hkv, hd], last row = sink
+        self._heads = tuple(x for x in heads for _ in (0, 1))  # per region (K, V of each layer)
 
         self.compiled = False  # index arithmetic through torch.compile (`use_compiled`)
         self.token_rows = token_rows
@@ -269,19 +267,19 @@ class PagedKVCache:
     # ----------------------------------------------------------------- views
     def k(self, layer: int) -> torch.Tensor:
         """K of `layer`: [num_blocks, block_size, n_kv_heads[layer], head_dim] (a view)."""
-        return self._rows[2 * layer][: self.num_tokens].view(self.num_blocks, self.block_size, -1, self.head_dim)
+        return self._region(2 * layer)[: self.num_tokens].view(self.num_blocks, self.block_size, -1, self.head_dim)
 
     def v(self, layer: int) -> torch.Tensor:
         """V of `layer`: [num_blocks, block_size, n_kv_heads[layer], head_dim] (a view)."""
-        return self._rows[2 * layer + 1][: self.num_tokens].view(self.num_blocks, self.block_size, -1, self.head_dim)
+        return self._region(2 * layer + 1)[: self.num_tokens].view(self.num_blocks, self.block_size, -1, self.head_dim)
 
     def k_rows(self, layer: int) -> torch.Tensor:
         """K of `layer` by flat token row: [num_tokens + 1, Hkv, hd]; the last row is the sink."""
-        return self._rows[2 * layer]
+        return self._region(2 * layer)
 
     def v_rows(self, layer: int) -> torch.Tensor:
         """V of `layer` by flat token row: [num_tokens + 1, Hkv, hd]; the last row is the sink."""
-        return self._rows[2 * layer + 1]
+        return self._region(2 * layer + 1)
 
     @property
     def sink_index(self) -> int:
@@ -355,7 +353,20 @@ class PagedKVCache:
         # interpreted Triton cannot be traced by torch.compile: compiled CPU code takes the reference
         triton = use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
         fn = kv_write_triton if triton else kv_write_torch
-        fn(self._rows[2 * layer], self._rows[2 * layer + 1], *rows)
+        fn(self.storage, *self._layer_offsets(layer), self.num_tokens, *rows)
+
+    def _region(self, i: int) -> torch.Tensor:
+        """Region i (2*layer: K, 2*layer + 1: V) as [num_tokens + 1, Hkv, hd], the last row a
+        sink: a view made from `storage` at each use, never stored. A compiled step then has
+        one cache input, the storage; views kept as attributes would enter the graph as inputs
+        aliasing it, and a write into the storage would be functionalized into copies of the
+        whole storage (AOTAutograd's synthetic base)."""
+        off, h = self._offsets[i], self._heads[i]
+        return self.storage[off : off + (self.num_tokens + 1) * h * self.head_dim].view(self.num_tokens + 1, h, self.head_dim)
+
+    def _layer_offsets(self, layer: int) -> tuple[int, int]:
+        """Element offsets of the layer's K and V regions in `storage` (python ints)."""
+        return self._offsets[2 * layer], self._offsets[2 * layer + 1]
 
     def fuses_rope(self, impl: str = "auto") -> bool:
         """True when `write_rotated` runs the fused Triton kernel (CUDA, or the interpreter
@@ -382,7 +393,7 @@ class PagedKVCache:
         width = self.num_kv_heads[layer] * hd
         q_out = torch.empty(B, T, H, hd, dtype=q.dtype, device=q.device)
         rope_kv_write_triton(
-            q_out.view(B * T, H, hd), self._rows[2 * layer], self._rows[2 * layer + 1],
+            q_out.view(B * T, H, hd), self.storage, *self._layer_offsets(layer), self.num_tokens,
             q.reshape(B * T, H * hd), k.reshape(B * T, width), v.reshape(B * T, width),
             cos.reshape(B * T, hd), sin.reshape(B * T, hd), write_index.reshape(-1),
         )
@@ -398,8 +409,8 @@ class PagedKVCache:
         """
         index = self.token_index(slots, positions)
         safe = torch.where(index < 0, self.num_tokens, index)
-        k = self._rows[2 * layer][safe]
-        v = self._rows[2 * layer + 1][safe]
+        k = self._region(2 * layer)[safe]
+        v = self._region(2 * layer + 1)[safe]
         keep = (index >= 0)[..., None, None]
         return torch.where(keep, k, 0), torch.where(keep, v, 0)
 
