@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
 from specdec.train.distill import DistillData, generate_responses
@@ -25,14 +26,27 @@ def make_target(folder, *, seed: int = 0, **overrides):
 
 
 def make_data(target, *, n: int = 24, seed: int = 0, new_tokens: int = 20) -> DistillData:
-    """Random prompts of 4..24 tokens and the target's greedy responses, packed."""
+    """Random prompts of 4..24 tokens and the target's greedy responses, packed (generated
+    through `reference_ops`: the data is the subject of no test here)."""
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, VOCAB, (int(torch.randint(4, 25, (1,), generator=gen)),), generator=gen).tolist()
                for _ in range(n)]
-    responses = generate_responses(target.model, prompts, max_new_tokens=new_tokens, batch_size=8,
-                                   eos_token_ids=(), progress=False)
+    with reference_ops():
+        responses = generate_responses(target.model, prompts, max_new_tokens=new_tokens, batch_size=8,
+                                       eos_token_ids=(), progress=False)
     seqs = [torch.tensor(p + r) for p, r in zip(prompts, responses)]
     return DistillData.pack(seqs, [len(p) for p in prompts], ["code"] * n)
+
+
+@contextlib.contextmanager
+def reference_ops():
+    """On CPU, the ops' torch references instead of the interpreted Triton kernels (those are
+    compared with the references in their own suites; interpreted, generating a tiny data set
+    took minutes). On CUDA nothing changes."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not torch.cuda.is_available():
+            mp.setenv("TRITON_INTERPRET", "0")
+        yield
 
 
 @contextlib.contextmanager

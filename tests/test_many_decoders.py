@@ -10,6 +10,10 @@ another in one process, and checks that each generates its eager tokens, also wh
 again after the others were built. fp32 compares whole outputs; bf16 and fp16 compare a
 prefix (compiled pointwise pieces round once where eager rounds per op, so a near-tie
 argmax can flip late in a random model).
+
+On CPU the ops run through their torch references (`e2e_cpu`), eager and compiled alike: the
+subject here is torch.compile's graphs per decoder, not the Triton kernels (compared with
+their references in their own suites; interpreted, they made this test take ~6 minutes).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from specdec import SamplingParams, SpecConfig, SpecDecoder
 from specdec.drafters.eagle3_checkpoint import save_eagle3
 
 from _eagle3_heads import random_head
+from _mtp_heads import e2e_cpu  # noqa: F401
 from _tiny_models import make_checkpoint
 
 CUDA = torch.cuda.is_available()
@@ -38,7 +43,11 @@ SETUPS = [  # (family, dtype, config)
     ("llama", torch.float16, dict(drafter="none")),
     ("qwen3", torch.bfloat16, dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=2, max_total_draft_tokens=6)),
 ]
-pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.usefixtures("e2e_cpu"),
+    pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning"),
+]
 
 
 @pytest.fixture(scope="module")

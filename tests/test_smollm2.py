@@ -81,6 +81,31 @@ def test_smollm2_greedy_continuation_equals_transformers_generate(smollm2, monke
 
 
 SHIPPED_HEAD_NEW = 64
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(smollm2):
+    """transformers' greedy continuation (`SHIPPED_HEAD_NEW` tokens) of a prompt, generated once
+    per prompt: the six drafter cases below share two prompt sets (~15 s a generate on CPU)."""
+    from transformers import AutoModelForCausalLM
+
+    _, folder = smollm2
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
+    done: dict[tuple[int, ...], list[int]] = {}
+
+    def greedy(ids: list[int], pad_token_id: int) -> list[int]:
+        key = (pad_token_id, *ids)
+        if key not in done:
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                gen = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=SHIPPED_HEAD_NEW,
+                                  do_sample=False, eos_token_id=None, pad_token_id=pad_token_id)
+            done[key] = gen[0, len(ids):].tolist()
+        return list(done[key])
+
+    return greedy
+
+
 LINEAR = dict(tree="linear", max_draft_len=5)
 DYNAMIC = dict(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=48)
 
@@ -97,8 +122,8 @@ DYNAMIC = dict(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=4
     ],
     ids=["eagle3-linear", "eagle3-dynamic", "mtp-linear", "mtp-dynamic", "ngram-chain", "ngram-tree"],
 )
-def test_real_drafters_on_smollm2_are_lossless_and_accept_real_drafts(smollm2, monkeypatch, drafter, head, prompt_set,
-                                                                     shape, steps_measured):
+def test_real_drafters_on_smollm2_are_lossless_and_accept_real_drafts(smollm2, hf_greedy, monkeypatch, drafter, head,
+                                                                     prompt_set, shape, steps_measured):
     """SmolLM2 + each real drafter, 64 greedy tokens on 2 shipped prompts: identical to
     transformers' greedy generate, and the acceptance measured for it (2026-12-02), within one
     step: 126 tokens after prefill in `steps_measured` steps +- 1.
@@ -112,8 +137,6 @@ def test_real_drafters_on_smollm2_are_lossless_and_accept_real_drafts(smollm2, m
     (one code, one chat); ngram on the 2 shipped `edit` prompts (repeat a file with a rename).
     """
     from importlib import resources
-
-    from transformers import AutoModelForCausalLM
 
     from specdec import SamplingParams, SpecConfig
     from specdec.decoder import SpecDecoder
@@ -130,14 +153,9 @@ def test_real_drafters_on_smollm2_are_lossless_and_accept_real_drafts(smollm2, m
     prompts = [encode_prompt(p, target.tokenizer) for p in chosen]
     outs = dec.generate(prompts, SamplingParams(max_new_tokens=SHIPPED_HEAD_NEW, ignore_eos=True))
 
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
     steps = emitted = 0
     for ids, out in zip(prompts, outs):
-        x = torch.tensor([ids])
-        with torch.no_grad():
-            gen = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=SHIPPED_HEAD_NEW, do_sample=False,
-                              eos_token_id=None, pad_token_id=target.tokenizer.pad_token_id)
-        assert out.token_ids == gen[0, len(ids):].tolist()
+        assert out.token_ids == hf_greedy(ids, target.tokenizer.pad_token_id)
         steps += out.stats.steps
         emitted += len(out.token_ids) - 1
     assert emitted == 126

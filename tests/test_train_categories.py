@@ -15,7 +15,7 @@ from specdec.train.trainer import (
 )
 from specdec.train.ttt import estimated_accept_length
 
-from _train_tiny import VOCAB, make_target, one_thread
+from _train_tiny import VOCAB, make_target, one_thread, reference_ops
 
 KINDS = ("code", "general-chat", "math")  # code -> code-long-context
 CATS = ("code-long-context", "general-chat", "math")
@@ -25,7 +25,9 @@ TINY = dict(draft_vocab_size=48, batch_tokens=256, ttt_steps=2, lr=3e-3, warmup_
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    with one_thread():
+    """One intra-op thread, and on CPU the ops' torch references (`reference_ops`: interpreted,
+    the pipeline runs' generation and evaluation prefills took minutes)."""
+    with one_thread(), reference_ops():
         yield
 
 

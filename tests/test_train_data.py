@@ -133,7 +133,8 @@ def test_collate_pads_and_weights_prompt_and_response_tokens():
 
 
 # --------------------------------------------------------------------------- distillation
-def test_batched_generation_equals_one_prompt_at_a_time(target):
+def test_batched_generation_equals_one_prompt_at_a_time(target, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels: own suites)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 1], [40, 41, 42, 43], [2] * 11, [17, 18, 19]]
     batched = generate_responses(target.model, prompts, max_new_tokens=9, batch_size=3, eos_token_ids=(), progress=False)
     for p, out in zip(prompts, batched):
@@ -147,6 +148,7 @@ def test_batched_generation_equals_one_prompt_at_a_time(target):
 def test_full_width_batches_for_a_cuda_graph_pad_with_copies_and_drop_them(target, monkeypatch):
     from specdec.train import distill
 
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels: own suites)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 1], [40, 41, 42, 43], [2] * 11, [17, 18, 19]]
     plain = generate_responses(target.model, prompts, max_new_tokens=6, batch_size=4, eos_token_ids=(), progress=False)
     widths = []

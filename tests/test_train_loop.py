@@ -13,7 +13,7 @@ from specdec.train import main
 from specdec.train.plot import read_log
 from specdec.train.trainer import TrainConfig, lr_at, train_eagle3
 
-from _train_tiny import make_data, make_target, one_thread
+from _train_tiny import make_data, make_target, one_thread, reference_ops
 
 TINY = dict(draft_vocab_size=48, batch_tokens=512, lr=3e-3, warmup_steps=3, log_every=1, val_every=4,
             val_fraction=0.1, val_batches=2)
@@ -21,7 +21,9 @@ TINY = dict(draft_vocab_size=48, batch_tokens=512, lr=3e-3, warmup_steps=3, log_
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    with one_thread():
+    """One intra-op thread, and on CPU the ops' torch references (`reference_ops`: interpreted,
+    the pipeline's generation and evaluation prefills took minutes)."""
+    with one_thread(), reference_ops():
         yield
 
 

@@ -163,7 +163,7 @@ def test_multi_turn_prompts_encode_every_message():
         messages_prompt([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "x")
 
 
-def test_the_target_writes_conversations_and_their_distillation(tmp_path):
+def test_the_target_writes_conversations_and_their_distillation(tmp_path, monkeypatch):
     from _chat_tokenizer import save_chat_tokenizer
     from _tiny_models import make_checkpoint
 
@@ -171,6 +171,7 @@ def test_the_target_writes_conversations_and_their_distillation(tmp_path):
     from specdec.train.conversation import build_mix_distill_data
     from specdec.train.expand import target_generate
 
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels: own suites)
     with one_thread():
         make_checkpoint("llama", tmp_path, num_hidden_layers=2, vocab_size=96)
         save_chat_tokenizer(tmp_path)
@@ -270,7 +271,7 @@ def test_the_command_line_reads_the_category_set():
         _mix_config(argparse.Namespace(mix_shares="poems=1", roots="stdlib"))
 
 
-def test_the_pipeline_distills_the_diverse_mix_with_conversations(tmp_path):
+def test_the_pipeline_distills_the_diverse_mix_with_conversations(tmp_path, monkeypatch):
     import argparse
 
     from _chat_tokenizer import save_chat_tokenizer
@@ -283,6 +284,7 @@ def test_the_pipeline_distills_the_diverse_mix_with_conversations(tmp_path):
                               seed=0, roots="stdlib", data_mix="diverse", gen_batch_size=8, gen_minutes=None,
                               gen_cuda_graph="off", regenerate=False,
                               mix_shares="source=0.25,instruct=0.25,math=0.1,header=0.1,self_instruct=0.1,multi_turn=0.2")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels: own suites)
     with one_thread():
         make_checkpoint("llama", tmp_path, num_hidden_layers=2, vocab_size=96)
         save_chat_tokenizer(tmp_path)

@@ -369,8 +369,13 @@ class PagedKVCache:
         return self._offsets[2 * layer], self._offsets[2 * layer + 1]
 
     def fuses_rope(self, impl: str = "auto") -> bool:
-        """True when `write_rotated` runs the fused Triton kernel (CUDA, or the interpreter
-        outside torch.compile), False when it runs the rotary piece and then `write`."""
+        """True when `write_rotated` runs the fused Triton kernel: on CUDA ("auto"), or when
+        forced ("triton", also in the interpreter outside torch.compile); else it runs the
+        rotary piece and then `write`. "auto" keeps the interpreter out of it: the kernel runs
+        a program per row and head, which Triton's interpreter runs one by one (a CPU test's
+        prefill went from 0.5 to 8 s per layer); its own tests run it there."""
+        if impl == "auto":
+            return self.storage.is_cuda
         return use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
 
     def write_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
