@@ -242,8 +242,6 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
 def time_prefill(dec, prompts, B: int, device) -> float:
     """Seconds the same generate calls take for their first token alone (prefill, the first
     draw, the request's setup and teardown): what a call spends outside its steps."""
-    from specdec import SamplingParams
-
     first_only = SamplingParams(max_new_tokens=1, ignore_eos=True)
     seconds = 0.0
     for chunk in chunks(prompts, B):

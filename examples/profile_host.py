@@ -15,7 +15,9 @@ import argparse
 import cProfile
 import io
 import pstats
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from _bench_common import SpecDecoder, log, sync, warm_up
@@ -38,9 +40,6 @@ def main() -> None:
     dtype = torch.float32 if quick else torch.bfloat16
     if quick:
         torch.set_num_threads(1)
-        import tempfile
-        from pathlib import Path
-
         tmp = tempfile.TemporaryDirectory(prefix="profile_host_")
         target_path, heads = tiny_assets(Path(tmp.name))
     else:

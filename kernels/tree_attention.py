@@ -45,7 +45,7 @@ __all__ = ["paged_attention", "paged_attention_triton"]
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _fixed_config(is_tree: bool, block_m: int) -> dict:
+def _fixed_config() -> dict:
     """Launch parameters without autotuning (tests: one compile per shape family). Measured on
     the H200 (`examples/bench_attention.py --triton-configs`, 8B layout, bf16, tree N=61,
     notes/gpu/issue20/ATTENTION.md): with committed-keys-only tiles scanned first
@@ -53,7 +53,6 @@ def _fixed_config(is_tree: bool, block_m: int) -> dict:
     layers, 16 / 32 / 64 keys: bs 1 ctx 1k 0.74 / 0.83 / 1.00, bs 1 4k 2.24 / 1.96 / 1.82,
     bs 8 1k 3.23 / 2.99 / 2.98, bs 8 4k 9.49 / 8.06 / 6.87), and for decode and prefill; the
     single key loop (COMMITTED_FIRST=False) runs the tree 1.4-3x slower."""
-    del is_tree, block_m  # one config for every launch shape (kept: the call sites name them)
     if _INTERPRET:
         return dict(BLOCK_N=16, COMMITTED_FIRST=True)
     return dict(BLOCK_N=64, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
@@ -359,7 +358,7 @@ if HAS_TRITON:
         if autotune:
             kernel, config = _paged_attention_tuned, {}
         else:
-            kernel, config = _paged_attention_kernel, _fixed_config(is_tree, block_m)
+            kernel, config = _paged_attention_kernel, _fixed_config()
         wrap_triton(kernel)[grid](
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),

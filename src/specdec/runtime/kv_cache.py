@@ -219,7 +219,6 @@ class PagedKVCache:
         self.region_offsets = torch.tensor(offsets, dtype=torch.int64, device=self.device)
         self.row_widths = torch.tensor(widths, dtype=torch.int64, device=self.device)
         self.max_row_width = max(widths)
-        self._heads = tuple(x for x in heads for _ in (0, 1))  # per region (K, V of each layer)
 
         self.compiled = False  # index arithmetic through torch.compile (`use_compiled`)
         self.token_rows = token_rows
@@ -350,9 +349,7 @@ class PagedKVCache:
         """
         width = self.num_kv_heads[layer] * self.head_dim
         rows = (k.reshape(-1, width), v.reshape(-1, width), write_index.reshape(-1))  # [B*T, W] x2, [B*T]
-        # interpreted Triton cannot be traced by torch.compile: compiled CPU code takes the reference
-        triton = use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
-        fn = kv_write_triton if triton else kv_write_torch
+        fn = kv_write_triton if self._runs_triton(impl) else kv_write_torch
         fn(self.storage, *self._layer_offsets(layer), self.num_tokens, *rows)
 
     def _region(self, i: int) -> torch.Tensor:
@@ -361,12 +358,17 @@ class PagedKVCache:
         one cache input, the storage; views kept as attributes would enter the graph as inputs
         aliasing it, and a write into the storage would be functionalized into copies of the
         whole storage (AOTAutograd's synthetic base)."""
-        off, h = self._offsets[i], self._heads[i]
+        off, h = self._offsets[i], self.num_kv_heads[i // 2]
         return self.storage[off : off + (self.num_tokens + 1) * h * self.head_dim].view(self.num_tokens + 1, h, self.head_dim)
 
     def _layer_offsets(self, layer: int) -> tuple[int, int]:
         """Element offsets of the layer's K and V regions in `storage` (python ints)."""
         return self._offsets[2 * layer], self._offsets[2 * layer + 1]
+
+    def _runs_triton(self, impl: str) -> bool:
+        """Whether a write of this cache runs its Triton kernel under `impl`. Interpreted Triton
+        cannot be traced by torch.compile: compiled CPU code takes the reference."""
+        return use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
 
     def fuses_rope(self, impl: str = "auto") -> bool:
         """True when `write_rotated` runs the fused Triton kernel: on CUDA ("auto"), or when
@@ -376,7 +378,7 @@ class PagedKVCache:
         prefill went from 0.5 to 8 s per layer); its own tests run it there."""
         if impl == "auto":
             return self.storage.is_cuda
-        return use_triton(impl, self.storage) and (self.storage.is_cuda or not torch.compiler.is_compiling())
+        return self._runs_triton(impl)
 
     def write_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                       sin: torch.Tensor, write_index: torch.Tensor, *, rotary, impl: str = "auto") -> torch.Tensor:
