@@ -1,11 +1,13 @@
-"""Chunked prefill hands the drafter exactly what an unchunked prefill does.
+"""Chunked prefill, and prefill padded to a length bucket, hand the drafter exactly what an
+unchunked eager prefill does.
 
 A prompt prefilled in chunks of 1, 5 or 512 tokens must leave the drafter in the same state
 (the draft head's KV for the prompt, the n-gram drafter's token history), so every step then
 proposes the same tree. Outputs stay exact whatever the drafter is fed (the verifier
 decides), so comparing tokens alone would pass a drafter fed the wrong rows; this records
 every proposed tree (tokens, parents, sizes) and every step's acceptance and compares them
-across chunk sizes. The trees are recorded by wrapping the drafter's `propose` (model
+across chunk sizes, and with the prefill run through padded length buckets (the forwards the
+engine replays from CUDA graphs on a GPU; run directly here). The trees are recorded by wrapping the drafter's `propose` (model
 drafters, inside the step) or `propose_host` (the n-gram drafter, between steps).
 """
 
@@ -71,12 +73,30 @@ def _record(dec: SpecDecoder) -> dict[int, list]:
     return trees
 
 
-def _run(world, name: str, chunk: int):
+def _use_buckets(dec: SpecDecoder, max_len: int) -> list[list[int]]:
+    """Prefill one-slot chunks from position 0 through length buckets up to `max_len` (target
+    and, when it has them, drafter); returns the buckets each part ran, filled as it runs."""
+    ran = []
+    for part in (dec.engine.runner, dec.strategies.drafter):
+        if hasattr(part, "use_prefill_buckets"):
+            assert part.use_prefill_buckets(max_len, capture=False) == 0  # no graph on the CPU
+            buckets, log = part.prefill_buckets, []
+            buckets.run = lambda T, run=buckets.run, log=log: (log.append(T), run(T))[1]
+            ran.append(log)
+    return ran
+
+
+def _run(world, name: str, chunk: int, batch: int = 3, bucket_len: int | None = None):
+    """Greedy outputs of PROMPTS: (trees per slot, tokens, acceptance); with `batch` 1 the
+    prompts run one after another (so each prefill is a one-slot chunk, what buckets take)."""
     head, cfg = SETUPS[name]
-    config = SpecConfig(**cfg, max_batch_size=3, max_seq_len=96, kv_block_size=4, prefill_chunk_size=chunk)
+    config = SpecConfig(**cfg, max_batch_size=batch, max_seq_len=96, kv_block_size=4, prefill_chunk_size=chunk)
     dec = SpecDecoder.from_pretrained(world["target"], world[head] if head else None, config)
+    ran = _use_buckets(dec, bucket_len) if bucket_len else []
     trees = _record(dec)
     results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=16, ignore_eos=True))
+    if bucket_len:
+        assert ran and all(ran), "a part never prefilled through a bucket"
     return trees, [r.token_ids for r in results], [r.stats.accepted_per_step for r in results]
 
 
@@ -89,3 +109,24 @@ def test_chunked_prefill_leaves_the_drafter_proposing_the_same_trees(world, name
         got = _run(world, name, chunk)
         assert got[1] == tokens and got[2] == accepted, f"chunk {chunk}: outputs or acceptance differ"
         assert got[0] == trees, f"chunk {chunk}: the drafter proposed other trees after a chunked prefill"
+
+
+@pytest.mark.parametrize("name", list(SETUPS))
+def test_prefill_padded_to_a_length_bucket_leaves_the_drafter_proposing_the_same_trees(world, name):
+    """Buckets up to 16 take every prompt (13, 14 and 3 tokens padded to 16); up to 8 only the
+    3-token one (the others prefill eagerly); with 5-token chunks only each first chunk (the
+    3-token prompt padded to 5)."""
+    trees, tokens, accepted = _run(world, name, 512, batch=1)
+    for chunk, max_len in ((512, 16), (512, 8), (5, 5)):
+        got = _run(world, name, chunk, batch=1, bucket_len=max_len)
+        assert got[1] == tokens and got[2] == accepted, f"chunk {chunk}, buckets to {max_len}: outputs or acceptance differ"
+        assert got[0] == trees, f"chunk {chunk}, buckets to {max_len}: the drafter proposed other trees"
+
+
+def test_buckets_beyond_a_chunk_or_the_sequence_are_refused(world):
+    config = SpecConfig(**SETUPS["eagle3-chain"][1], max_batch_size=1, max_seq_len=96, kv_block_size=4, prefill_chunk_size=32)
+    dec = SpecDecoder.from_pretrained(world["target"], world["eagle3"], config)
+    with pytest.raises(ValueError, match=r"max_len=33 is out of range; allowed: \[1, 32\]"):
+        dec.engine.runner.use_prefill_buckets(33, capture=False)  # the capture buffer holds one chunk
+    with pytest.raises(ValueError, match=r"max_len=97 is out of range; allowed: \[1, max_seq_len=96\]"):
+        dec.strategies.drafter.use_prefill_buckets(97, capture=False)

@@ -200,6 +200,27 @@ def test_cuda_graphs_give_the_eager_tokens(request, name):
 
 @cuda_only
 @pytest.mark.parametrize("name", ["target-only", "eagle3-tree", "mtp-oracle-chain", "ngram-tree"])
+def test_prefill_graphs_give_the_eager_tokens(request, name):
+    """Prompts one at a time, so every prefill is a one-slot chunk from position 0: a replayed
+    length-bucket graph of the target's forward (and of the head's ingest, for model heads)."""
+    eager_dec = decoder(request, name, compile=False, cuda_graphs=False)
+    eager = [run(eager_dec, [p], [n])[0] for p, n in zip(PROMPTS, LENGTHS)]
+    dec = decoder(request, name, compile=True, cuda_graphs=True)
+    report = dec.warmup(progress=False)
+    parts = [p for p in (dec.engine.runner, dec.strategies.drafter) if hasattr(p, "use_prefill_buckets")]
+    assert report.prefill_graphs == sum(len(p.prefill_buckets.buckets) for p in parts) > 0
+    assert all(len(p.prefill_buckets.graphs) == len(p.prefill_buckets.buckets) for p in parts)
+    replayed = []
+    for part in parts:
+        buckets, log = part.prefill_buckets, []
+        buckets.run = lambda T, run=buckets.run, log=log: (log.append(T), run(T))[1]
+        replayed.append(log)
+    assert [run(dec, [p], [n])[0] for p, n in zip(PROMPTS, LENGTHS)] == eager
+    assert all(log == [16] * len(PROMPTS) for log in replayed), replayed  # every prompt fits the 16-row bucket
+
+
+@cuda_only
+@pytest.mark.parametrize("name", ["target-only", "eagle3-tree", "mtp-oracle-chain", "ngram-tree"])
 def test_the_device_part_of_a_step_never_syncs_with_the_host(request, name):
     dec = decoder(request, name, compile=True, cuda_graphs=True)
     dec.warmup(progress=False)

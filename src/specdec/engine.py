@@ -110,6 +110,7 @@ class WarmupReport:
     seconds: float
     buckets: tuple[int, ...]
     graphs: int
+    prefill_graphs: int = 0  # target and drafter prefill graphs, one per prompt-length bucket
 
 
 class SpecEngine:
@@ -201,7 +202,8 @@ class SpecEngine:
         self._last_tokens: list[list[int]] = [[] for _ in range(B)]
         self._roots = [0] * B
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}  # (bucket, step variant) -> graph
-        self.capture_count = 0
+        self.capture_count = 0  # step graphs captured
+        self.prefill_graph_count = 0  # prefill graphs captured (target and drafter, per length bucket)
         self.watchdog = ProgressWatchdog(config)  # a request that stops progressing fails, by name
         self.warmed = False
         self.check_syncs = False  # CUDA: fail on any host sync inside the device part (tests)
@@ -523,6 +525,8 @@ class SpecEngine:
         t0 = time.perf_counter()
         with torch.inference_mode():
             self._warm_prefill()
+            if self.cuda_graphs:
+                self._capture_prefills()
             buckets = sorted(self.buckets, reverse=True)  # largest first: smaller graphs reuse its pool
             jobs = [(b, v) for b in buckets for v in self._variants()]
             bar = _progress(jobs, progress, "warmup")
@@ -538,7 +542,8 @@ class SpecEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmed = True
-        return WarmupReport(time.perf_counter() - t0, tuple(sorted(self.buckets)), len(self.graphs))
+        return WarmupReport(time.perf_counter() - t0, tuple(sorted(self.buckets)), len(self.graphs),
+                            self.prefill_graph_count)
 
     def _time_step(self, b: int, variant: str, repeats: int = 5) -> list[float]:
         """Seconds of one step of bucket `b` (idle slots: the shapes, hence the cost, of a full bucket)."""
@@ -577,6 +582,17 @@ class SpecEngine:
             for slot in (0, 1):
                 drafter.reset_slot(slot)
                 self.runner.free(slot)
+
+    def _capture_prefills(self) -> None:
+        """One CUDA graph per prompt-length bucket for the target's and the drafter's prefill of
+        a chunk from position 0 (`use_prefill_buckets`; a part without it stays eager), in a
+        pool of their own. At batch 1 the eager prefill cost more host time than the steps of
+        a short answer."""
+        max_len = min(self.config.prefill_chunk_size, self.config.max_seq_len)
+        pool = torch.cuda.graph_pool_handle()
+        for part in (self.runner, self.strategies.drafter):
+            if hasattr(part, "use_prefill_buckets") and part.prefill_buckets is None:
+                self.prefill_graph_count += part.use_prefill_buckets(max_len, capture=True, pool=pool)
 
     def _capture(self, b: int, variant: str, pool) -> None:
         kv_len = self.config.max_seq_len
