@@ -157,3 +157,25 @@ def test_a_request_the_engine_never_steps_fails_by_name_instead_of_hanging(targe
     assert "request 1 in slot 1 made no progress in 3 engine iterations" in results[1].stats.error
     assert [len(r.token_ids) for r in results] == [10, 1, 10]
     assert engine.free_slots() == [0, 1, 2, 3] and not engine.has_work()
+
+
+def test_requests_that_finish_at_admission_drain_the_queue_without_a_false_stall(target):
+    """max_new_tokens=1 at batch 1: each request finishes in the iteration that admits it, so
+    every watchdog check sees all slots free and a waiting queue; the queue's head changes
+    each time, which is progress (this failed 3 of 10 requests as "an engine bug")."""
+    dec = SpecDecoder(target, SpecConfig(drafter="none", max_batch_size=1, max_seq_len=64, kv_block_size=4))
+    prompts = [[i + 1, i + 2, i + 3] for i in range(10)]
+    results = dec.generate(prompts, _params(1))
+    assert [r.stats.finish_reason for r in results] == ["length"] * 10
+    assert all(len(r.token_ids) == 1 for r in results)
+
+
+@pytest.mark.filterwarnings("ignore:2 request.s. failed:UserWarning")
+def test_a_queue_head_that_is_never_admitted_fails_by_name(target):
+    """An engine bug that never admits: the queue's head fails after 3 idle iterations, then
+    the next one, so `generate` returns instead of hanging."""
+    dec = SpecDecoder(target, SpecConfig(drafter="none", max_batch_size=2, max_seq_len=64, kv_block_size=4))
+    dec.engine._admit = lambda: None
+    results = dec.generate([[1, 2], [3, 4]], _params(4))
+    assert [r.stats.finish_reason for r in results] == ["error", "error"]
+    assert "request 0 waits for admission while no request holds a slot" in results[0].stats.error

@@ -10,8 +10,10 @@ bound, `generate` would loop forever on it; with this one, that request ends wit
 Bounds, in engine iterations without any change to the request (status, tokens, prefilled
 positions, slot): a running request 3; a prefilling one the longest wait a correct engine
 can give it, every older slot prefilling a whole `max_seq_len` one `prefill_chunk_size`
-chunk at a time (plus 3); and a queue whose head cannot be admitted while no request holds
-a slot (nothing will ever free one) 3.
+chunk at a time (plus 3); and a queue whose head stays the same, not admitted, while no
+request holds a slot (nothing will ever free one) 3. (Requests that finish in the iteration
+that admits them, e.g. `max_new_tokens=1`, leave every slot free at each check while the
+queue drains: the head changes, so that is progress.)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class ProgressWatchdog:
         self.limits = {RUNNING: RUNNING_LIMIT, PREFILLING: config.max_batch_size * chunks + 3}
         self.iteration = 0
         self._marks: dict[int, tuple[tuple, int]] = {}  # request id -> (its state, iteration it last changed)
-        self._idle_queue_since: int | None = None
+        self._idle_head: tuple[int, int] | None = None  # (queue head's id, iteration it was first seen idle)
 
     def check(self, slots: list[RequestState | None], waiting) -> list[tuple[RequestState, str]]:
         self.iteration += 1
@@ -54,12 +56,13 @@ class ProgressWatchdog:
         live = {r.id for r in holders}
         self._marks = {k: v for k, v in self._marks.items() if k in live}
         if waiting and not any(r is not None for r in slots):
-            self._idle_queue_since = self._idle_queue_since or self.iteration
-            if self.iteration - self._idle_queue_since >= RUNNING_LIMIT:
-                head = waiting[0]
+            head = waiting[0]
+            if self._idle_head is None or self._idle_head[0] != head.id:
+                self._idle_head = (head.id, self.iteration)
+            elif self.iteration - self._idle_head[1] >= RUNNING_LIMIT:
                 stalled.append((head, f"request {head.id} waits for admission while no request holds a slot "
                                       f"(every slot free for {RUNNING_LIMIT} engine iterations); failed instead of "
                                       "hanging (an engine bug)"))
         else:
-            self._idle_queue_since = None
+            self._idle_head = None
         return stalled
