@@ -19,7 +19,9 @@
 #   SPECDEC_COMMIT=<hash of HEAD> bash scripts/gpu_check.sh
 source "$(dirname "$0")/gpu_setup.sh"
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
-commit="${SPECDEC_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}"
+# Pass the commit from the development machine: git on the device machine's copy can name an
+# older commit than the tree it holds (seen at 240a9c8: it reported 993ff72).
+commit="${SPECDEC_COMMIT:-unknown (set SPECDEC_COMMIT to the full hash of the commit you copied)}"
 start=$SECONDS
 part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit; its table row -> $out/LOG.row
   local name=$1 secs=$2 log=$3; shift 3
