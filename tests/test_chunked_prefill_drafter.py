@@ -73,15 +73,18 @@ def _record(dec: SpecDecoder) -> dict[int, list]:
     return trees
 
 
-def _use_buckets(dec: SpecDecoder, max_len: int) -> list[list[int]]:
-    """Prefill one-slot chunks from position 0 through length buckets up to `max_len` (target
-    and, when it has them, drafter); returns the buckets each part ran, filled as it runs."""
-    ran = []
+def _use_buckets(dec: SpecDecoder, max_len: int) -> list[list[tuple[int, int]]]:
+    """Prefill chunks that start at position 0 through (rows, length) buckets up to `max_len`
+    tokens and the batch's rows (target and, when it has them, drafter); returns the buckets
+    each part ran, filled as it runs."""
+    ran, config = [], dec.config
     for part in (dec.engine.runner, dec.strategies.drafter):
         if hasattr(part, "use_prefill_buckets"):
-            assert part.use_prefill_buckets(max_len, capture=False) == 0  # no graph on the CPU
+            got = part.use_prefill_buckets(max_len, capture=False, max_rows=config.max_batch_size,
+                                           **({} if part is dec.engine.runner else {"max_tokens": config.prefill_chunk_size}))
+            assert got == 0  # no graph on the CPU
             buckets, log = part.prefill_buckets, []
-            buckets.run = lambda T, run=buckets.run, log=log: (log.append(T), run(T))[1]
+            buckets.run = lambda key, run=buckets.run, log=log: (log.append(key), run(key))[1]
             ran.append(log)
     return ran
 
@@ -112,15 +115,18 @@ def test_chunked_prefill_leaves_the_drafter_proposing_the_same_trees(world, name
 
 
 @pytest.mark.parametrize("name", list(SETUPS))
-def test_prefill_padded_to_a_length_bucket_leaves_the_drafter_proposing_the_same_trees(world, name):
-    """Buckets up to 16 take every prompt (13, 14 and 3 tokens padded to 16); up to 8 only the
-    3-token one (the others prefill eagerly); with 5-token chunks only each first chunk (the
-    3-token prompt padded to 5)."""
-    trees, tokens, accepted = _run(world, name, 512, batch=1)
-    for chunk, max_len in ((512, 16), (512, 8), (5, 5)):
-        got = _run(world, name, chunk, batch=1, bucket_len=max_len)
-        assert got[1] == tokens and got[2] == accepted, f"chunk {chunk}, buckets to {max_len}: outputs or acceptance differ"
-        assert got[0] == trees, f"chunk {chunk}, buckets to {max_len}: the drafter proposed other trees"
+def test_prefill_padded_to_a_bucket_leaves_the_drafter_proposing_the_same_trees(world, name):
+    """Batch 1 (one prompt per prefill): buckets up to 16 take every prompt (13, 14 and 3
+    tokens padded to 16); up to 8 only the 3-token one (the others prefill eagerly); with
+    5-token chunks only each first chunk (the 3-token prompt padded to 5). Batch 3: the three
+    prompts prefill together, padded to 3 rows x 16 tokens."""
+    for batch, cases in ((1, ((512, 16), (512, 8), (5, 5))), (3, ((512, 16),))):
+        trees, tokens, accepted = _run(world, name, 512, batch=batch)
+        for chunk, max_len in cases:
+            got = _run(world, name, chunk, batch=batch, bucket_len=max_len)
+            where = f"batch {batch}, chunk {chunk}, buckets to {max_len}"
+            assert got[1] == tokens and got[2] == accepted, f"{where}: outputs or acceptance differ"
+            assert got[0] == trees, f"{where}: the drafter proposed other trees"
 
 
 def test_buckets_beyond_a_chunk_or_the_sequence_are_refused(world):
@@ -130,3 +136,5 @@ def test_buckets_beyond_a_chunk_or_the_sequence_are_refused(world):
         dec.engine.runner.use_prefill_buckets(33, capture=False)  # the capture buffer holds one chunk
     with pytest.raises(ValueError, match=r"max_len=97 is out of range; allowed: \[1, max_seq_len=96\]"):
         dec.strategies.drafter.use_prefill_buckets(97, capture=False)
+    with pytest.raises(ValueError, match=r"max_rows=2 is out of range; allowed: \[1, max_batch_size=1\]"):
+        dec.engine.runner.use_prefill_buckets(16, capture=False, max_rows=2)

@@ -201,22 +201,26 @@ def test_cuda_graphs_give_the_eager_tokens(request, name):
 @cuda_only
 @pytest.mark.parametrize("name", ["target-only", "eagle3-tree", "mtp-oracle-chain", "ngram-tree"])
 def test_prefill_graphs_give_the_eager_tokens(request, name):
-    """Prompts one at a time, so every prefill is a one-slot chunk from position 0: a replayed
-    length-bucket graph of the target's forward (and of the head's ingest, for model heads)."""
+    """Prompts one at a time (each prefill a one-row bucket) and three at a time (a grouped
+    prefill, a 3-row bucket), every chunk from position 0: replayed (rows, length) graphs of
+    the target's forward and, for model heads, of the head's ingest."""
     eager_dec = decoder(request, name, compile=False, cuda_graphs=False)
-    eager = [run(eager_dec, [p], [n])[0] for p, n in zip(PROMPTS, LENGTHS)]
+    alone = [run(eager_dec, [p], [n])[0] for p, n in zip(PROMPTS, LENGTHS)]
+    together = run(eager_dec)
     dec = decoder(request, name, compile=True, cuda_graphs=True)
     report = dec.warmup(progress=False)
     parts = [p for p in (dec.engine.runner, dec.strategies.drafter) if hasattr(p, "use_prefill_buckets")]
-    assert report.prefill_graphs == sum(len(p.prefill_buckets.buckets) for p in parts) > 0
-    assert all(len(p.prefill_buckets.graphs) == len(p.prefill_buckets.buckets) for p in parts)
+    assert report.prefill_graphs == sum(len(p.prefill_buckets.keys) for p in parts) > 0
+    assert all(len(p.prefill_buckets.graphs) == len(p.prefill_buckets.keys) for p in parts)
     replayed = []
     for part in parts:
         buckets, log = part.prefill_buckets, []
-        buckets.run = lambda T, run=buckets.run, log=log: (log.append(T), run(T))[1]
+        buckets.run = lambda key, run=buckets.run, log=log: (log.append(key), run(key))[1]
         replayed.append(log)
-    assert [run(dec, [p], [n])[0] for p, n in zip(PROMPTS, LENGTHS)] == eager
-    assert all(log == [16] * len(PROMPTS) for log in replayed), replayed  # every prompt fits the 16-row bucket
+    assert [run(dec, [p], [n])[0] for p, n in zip(PROMPTS, LENGTHS)] == alone
+    assert run(dec) == together
+    for log in replayed:  # every prompt fits 16 tokens; batch 3 prefills 3 then 2 together
+        assert log == [(1, 16)] * len(PROMPTS) + [(3, 16), (2, 16)], log
 
 
 @cuda_only

@@ -588,11 +588,8 @@ class SpecEngine:
         a chunk from position 0 (`use_prefill_buckets`; a part without it stays eager), in a
         pool of their own. At batch 1 the eager prefill cost more host time than the steps of
         a short answer."""
-        max_len = min(self.config.prefill_chunk_size, self.config.max_seq_len)
-        pool = torch.cuda.graph_pool_handle()
-        for part in (self.runner, self.strategies.drafter):
-            if hasattr(part, "use_prefill_buckets") and part.prefill_buckets is None:
-                self.prefill_graph_count += part.use_prefill_buckets(max_len, capture=True, pool=pool)
+        self.prefill_graph_count += use_prefill_buckets(self.runner, self.strategies.drafter, self.config,
+                                                        capture=True, pool=torch.cuda.graph_pool_handle())
 
     def _capture(self, b: int, variant: str, pool) -> None:
         kv_len = self.config.max_seq_len
@@ -763,6 +760,24 @@ class SpecEngine:
         for request in requests:
             if request.status != FINISHED:
                 self._finish(request, "error", message)
+
+
+def use_prefill_buckets(runner, drafter, config: SpecConfig, *, capture: bool, pool=None) -> int:
+    """Bucketed prefill for the target runner and the drafter (each that has
+    `use_prefill_buckets` and none yet): chunks of up to min(prefill_chunk_size, max_seq_len)
+    tokens, groups of up to max_batch_size when the runner groups prefills (`prefill_many`),
+    rows x length within prefill_chunk_size. Returns the graphs captured."""
+    max_len = min(config.prefill_chunk_size, config.max_seq_len)
+    grouped = hasattr(runner, "prefill_many")
+    rows = config.max_batch_size if grouped else 1
+    captured = 0
+    if hasattr(runner, "use_prefill_buckets") and runner.prefill_buckets is None:
+        captured += runner.use_prefill_buckets(max_len, capture=capture, pool=pool, max_rows=rows)
+    if hasattr(drafter, "use_prefill_buckets") and drafter.prefill_buckets is None:
+        rows = rows if hasattr(drafter, "prefill_many") else 1
+        captured += drafter.use_prefill_buckets(max_len, capture=capture, pool=pool, max_rows=rows,
+                                                max_tokens=config.prefill_chunk_size)
+    return captured
 
 
 def _drafter_prefill(drafter, slot: int, next_tokens: torch.Tensor, hidden, start: int) -> None:

@@ -46,7 +46,7 @@ from specdec.ops.random import STREAM_DRAFT, counter_uniforms
 from specdec.ops.sampling import sample_from_probs
 from specdec.runtime.attention import AttentionBatch, attention
 from specdec.runtime.batch import new_rows, prefill_batch
-from specdec.runtime.bucket_graphs import BucketGraphs, length_buckets
+from specdec.runtime.bucket_graphs import BucketGraphs, PaddedChunks, bucket_grid
 from specdec.runtime.kv_cache import PagedKVCache
 from specdec.strategies import DraftInput
 from specdec.types import DraftTree
@@ -344,9 +344,14 @@ class HeadDrafter:
                        starts: list[int]) -> None:
         """Checked chunks through the head in one forward, padded to the longest; each slot's
         last row becomes its `ctx_hidden` / `root_logits`."""
-        if self.prefill_buckets is not None and len(slots) == 1 and starts[0] == 0 \
-                and next_tokens[0].shape[0] <= self.prefill_buckets.max_len:
-            return self._bucket_ingest(slots[0], next_tokens[0], hidden[0])
+        key = None
+        if self.prefill_buckets is not None and not any(starts):
+            key = self.prefill_buckets.bucket(len(slots), max(t.shape[0] for t in next_tokens))
+        if key is not None:
+            self._chunks.fill(key[0], slots, [t.to(self.device) for t in next_tokens],
+                              [h.to(self.device, self.dtype) for h in hidden])
+            self.prefill_buckets.run(key)
+            return
         dev = self.device
         lengths = [t.shape[0] for t in next_tokens]
         q_len = torch.tensor(lengths, device=dev)  # [n]
@@ -360,41 +365,36 @@ class HeadDrafter:
         self.root_logits[index] = _last_row(logits, q_len).to(self.root_logits.dtype)
         self.live[index] = True
 
-    def use_prefill_buckets(self, max_len: int, *, capture: bool, pool=None) -> int:
-        """Ingest every one-slot prompt chunk that starts at position 0 and has at most
-        `max_len` rows through padded length buckets (`runtime.bucket_graphs`), one CUDA graph
-        each when `capture` (`pool`: a `torch.cuda.graph_pool_handle()`); returns graphs
-        captured. Capture after `attach`: the graphs read the cache they were captured with."""
+    def use_prefill_buckets(self, max_len: int, *, capture: bool, pool=None, max_rows: int = 1,
+                            max_tokens: int | None = None) -> int:
+        """Ingest prompt chunks that all start at position 0 through padded (rows, length)
+        buckets (`runtime.bucket_graphs`): up to `max_rows` chunks of up to `max_len` rows,
+        rows x length within `max_tokens` (default max_len); one CUDA graph each when
+        `capture` (`pool`: a `torch.cuda.graph_pool_handle()`). Returns graphs captured.
+        Capture after `attach`: the graphs read the cache they were captured with."""
         if not 1 <= max_len <= self.max_seq_len:
             raise ValueError(f"max_len={max_len} is out of range; allowed: [1, max_seq_len={self.max_seq_len}]")
-        dev = self.device
-        self._bucket_tokens = torch.zeros(1, max_len, dtype=torch.int64, device=dev)  # [1, T_max]
-        self._bucket_states = torch.zeros(1, max_len, self.hidden_width, dtype=self.dtype, device=dev)  # [1, T_max, w]
-        self._bucket_slot = torch.zeros(1, dtype=torch.int64, device=dev)  # [1]
-        self._bucket_q_len = torch.ones(1, dtype=torch.int64, device=dev)  # [1] real rows
-        self._bucket_start = torch.zeros(1, dtype=torch.int64, device=dev)  # [1] always 0
-        self.prefill_buckets = BucketGraphs(self._bucket_forward, length_buckets(max_len))
-        captured = self.prefill_buckets.capture(dev, pool) if capture else 0
-        self.live.index_fill_(0, self._bucket_slot, False)  # the capture's runs left slot 0 "live"
+        if not 1 <= max_rows <= self.batch_size:
+            raise ValueError(f"max_rows={max_rows} is out of range; allowed: [1, max_batch_size={self.batch_size}]")
+        self._chunks = PaddedChunks(max_rows, max_len, self.device, width=self.hidden_width, dtype=self.dtype)
+        keys = bucket_grid(max_rows, max_len, max_len if max_tokens is None else max_tokens)
+        self.prefill_buckets = BucketGraphs(self._bucket_forward, keys)
+        captured = self.prefill_buckets.capture(self.device, pool) if capture else 0
+        self.live.index_fill_(0, self._chunks.slots, False)  # the capture's runs left slot 0 "live"
         return captured
 
-    def _bucket_forward(self, T: int) -> None:
-        """`_ingest_chunks` of one chunk from position 0, padded to T, from the static inputs."""
-        slot, q_len = self._bucket_slot, self._bucket_q_len
-        batch = prefill_batch(self.cache, slot, self._bucket_start, q_len, T, max_kv_len=T)
-        out, logits = self._forward(self.embed(self._bucket_tokens[:, :T]), self._bucket_states[:, :T],
-                                    batch.positions, self._attend(batch), first=True)
-        self.ctx_hidden.index_copy_(0, slot, _last_row(out, q_len).to(self.ctx_hidden.dtype))
-        self.root_logits.index_copy_(0, slot, _last_row(logits, q_len).to(self.root_logits.dtype))
-        self.live.index_fill_(0, slot, True)
-
-    def _bucket_ingest(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor) -> None:
-        T = next_tokens.shape[0]
-        self._bucket_tokens[0, :T].copy_(next_tokens)
-        self._bucket_states[0, :T].copy_(hidden)
-        self._bucket_slot.fill_(slot)
-        self._bucket_q_len.fill_(T)
-        self.prefill_buckets.run(self.prefill_buckets.bucket(T))
+    def _bucket_forward(self, key: tuple[int, int]) -> None:
+        """`_ingest_chunks` of bucket (R, T) from the static inputs (padding rows repeat row 0:
+        they write row 0's K/V and state again, the same values)."""
+        R, T = key
+        c = self._chunks
+        slots, q_len = c.slots[:R], c.q_len[:R]
+        batch = prefill_batch(self.cache, slots, c.starts[:R], q_len, T, max_kv_len=T)
+        out, logits = self._forward(self.embed(c.tokens[:R, :T]), c.states[:R, :T], batch.positions,
+                                    self._attend(batch), first=True)
+        self.ctx_hidden.index_copy_(0, slots, _last_row(out, q_len).to(self.ctx_hidden.dtype))
+        self.root_logits.index_copy_(0, slots, _last_row(logits, q_len).to(self.root_logits.dtype))
+        self.live.index_fill_(0, slots, True)
 
     def reset_slot(self, slot: int) -> None:
         """Forget `slot`: it drafts root-only trees until the next prefill (a private cache frees its blocks)."""

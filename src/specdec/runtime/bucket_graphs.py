@@ -1,18 +1,21 @@
-"""One forward per padded length bucket, run from static buffers and (on CUDA) captured in a graph.
+"""Prefill forwards per padded (requests, length) bucket, run from static buffers and (on CUDA)
+captured in a graph each.
 
 Why: a prompt's prefill runs once per request, at a length no step shape shares, so it ran
 eagerly, and on a small target at batch 1 its ~300 Python-dispatched pieces (compiled
 pointwise pieces, Triton custom ops, linears) cost more than the whole decode of a short
-answer (SmolLM2 on the H200: ~45 ms of host time per request against ~1.2 ms per step).
-Padding the chunk to a fixed length bucket gives a handful of static shapes; each bucket's
-forward reads its inputs from buffers that outlive it, so one CUDA graph per bucket replays
-any chunk that fits, in one launch.
+answer (SmolLM2 on the H200: 47.6 ms per request against ~1.1 ms per step). Padding a
+group of chunks to a fixed (rows, length) bucket gives a handful of static shapes; each
+bucket's forward reads its inputs from buffers that outlive it, so one CUDA graph per
+bucket replays any group that fits, in one launch.
 
-`BucketGraphs` owns the buckets and graphs, not the buffers: its owner (the target runner,
-a draft head) fills its own static inputs, calls `run(bucket)` and copies out what it keeps
-before the next run (outputs are the graph's static tensors). Without capture (CPU, or
-graphs off) `run` calls the forward directly on the same padded buffers, so the padding
-logic is the same code on every device and tested on the CPU.
+`BucketGraphs` owns the buckets and graphs; `PaddedChunks` the static inputs of a group of
+chunks from position 0 (its padding rows repeat row 0, so they recompute row 0 and write
+the same K/V and states: nothing needs masking). The owner (the target runner, a draft
+head) fills them, calls `run(key)` and copies out what it keeps before the next run
+(outputs are the graph's static tensors). Without capture (CPU, or graphs off) `run` calls
+the forward directly on the same padded buffers, so the padding logic is the same code on
+every device and tested on the CPU.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-__all__ = ["BucketGraphs", "length_buckets"]
+__all__ = ["BucketGraphs", "PaddedChunks", "bucket_grid", "length_buckets", "row_buckets"]
 
 SMALLEST = 16  # the smallest bucket: shorter chunks pad to it (launch-bound there: free)
 DOUBLING_UNTIL = 128  # powers of two up to here, then steps of this size (padding <= 128 rows)
@@ -42,58 +46,109 @@ def length_buckets(max_len: int) -> tuple[int, ...]:
     return tuple(buckets)
 
 
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """Padded request counts 1, 2, 4, ... up to `max_rows` (always last)."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows={max_rows} must be >= 1")
+    rows = [1 << i for i in range(max_rows.bit_length()) if 1 << i < max_rows]
+    return tuple(rows) + (max_rows,)
+
+
+def bucket_grid(max_rows: int, max_len: int, max_tokens: int) -> tuple[tuple[int, int], ...]:
+    """(rows, length) buckets with rows * length <= max_tokens (a grouped prefill's budget),
+    ascending; length buckets from `length_buckets(max_len)`."""
+    keys = [(r, T) for r in row_buckets(max_rows) for T in length_buckets(max_len) if r * T <= max_tokens]
+    if not keys:
+        raise ValueError(f"no bucket fits max_tokens={max_tokens} (the smallest is 1 x {length_buckets(max_len)[0]})")
+    return tuple(keys)
+
+
 class BucketGraphs:
-    """`forward(bucket)` per bucket, replayed from a CUDA graph once `capture` has run.
+    """`forward((rows, length))` per bucket, replayed from a CUDA graph once `capture` has run.
 
     Args:
-        forward: `forward(T) -> outputs` (a tensor or a tuple of tensors / None); reads the
-            owner's static input buffers and must be shape-static for a given T (no host sync).
-        buckets: ascending padded lengths (`length_buckets`).
+        forward: `forward(key) -> outputs` (a tensor or a tuple of tensors / None); reads the
+            owner's static input buffers and must be shape-static for a given key (no host sync).
+        keys: the (rows, length) buckets (`bucket_grid`).
     """
 
-    def __init__(self, forward: Callable[[int], Any], buckets: tuple[int, ...]):
-        if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
-            raise ValueError(f"buckets={buckets} must be ascending, distinct and >= 1")
+    def __init__(self, forward: Callable[[tuple[int, int]], Any], keys: tuple[tuple[int, int], ...]):
+        if not keys or len(set(keys)) != len(keys) or min(min(k) for k in keys) < 1:
+            raise ValueError(f"keys={keys} must be distinct (rows, length) pairs >= 1")
         self.forward = forward
-        self.buckets = tuple(buckets)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, Any] = {}
+        self.keys = tuple(sorted(keys))
+        self._key_set = frozenset(keys)
+        self.rows = tuple(sorted({r for r, _ in keys}))
+        self.lengths = tuple(sorted({T for _, T in keys}))
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], Any] = {}
+
+    @property
+    def max_rows(self) -> int:
+        return self.rows[-1]
 
     @property
     def max_len(self) -> int:
-        return self.buckets[-1]
+        return self.lengths[-1]
 
-    def bucket(self, length: int) -> int:
-        """The smallest bucket that holds `length` rows (1 <= length <= max_len)."""
-        if not 1 <= length <= self.max_len:
-            raise ValueError(f"length={length} is out of range; allowed: [1, {self.max_len}]")
-        return next(b for b in self.buckets if b >= length)
+    def bucket(self, rows: int, length: int) -> tuple[int, int] | None:
+        """The bucket of `rows` chunks of at most `length` tokens: the smallest row and length
+        buckets that hold them, or None when that pair is not a bucket (over the token budget,
+        or beyond the largest rows / length: run eagerly)."""
+        if rows < 1 or length < 1:
+            raise ValueError(f"rows={rows} and length={length} must be >= 1")
+        r = next((b for b in self.rows if b >= rows), None)
+        T = next((b for b in self.lengths if b >= length), None)
+        return (r, T) if (r, T) in self._key_set else None
 
     def capture(self, device: torch.device, pool=None) -> int:
         """Capture one CUDA graph per bucket, largest first (smaller ones reuse its memory from
         `pool`, a `torch.cuda.graph_pool_handle()`; a new pool if None). Returns the count."""
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
-        for T in sorted(self.buckets, reverse=True):
+        for key in sorted(self.keys, key=lambda k: (k[0] * k[1], k), reverse=True):
             stream = torch.cuda.Stream(device)
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile, autotune and allocate outside the capture
-                    self.forward(T)
+                    self.forward(key)
             torch.cuda.current_stream(device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[T] = self.forward(T)
-            self.graphs[T] = graph
+                self.outputs[key] = self.forward(key)
+            self.graphs[key] = graph
         return len(self.graphs)
 
-    def run(self, T: int) -> Any:
-        """The forward of bucket T on the current contents of the owner's buffers: a graph
+    def run(self, key: tuple[int, int]) -> Any:
+        """The forward of bucket `key` on the current contents of the owner's buffers: a graph
         replay when captured (outputs: the graph's static tensors, overwritten by the next
         run), else the forward itself."""
-        if T not in self.buckets:
-            raise ValueError(f"T={T} is not a bucket; allowed: {list(self.buckets)}")
-        graph = self.graphs.get(T)
+        if key not in self.keys:
+            raise ValueError(f"key={key} is not a bucket; allowed: {list(self.keys)}")
+        graph = self.graphs.get(key)
         if graph is None:
-            return self.forward(T)
+            return self.forward(key)
         graph.replay()
-        return self.outputs[T]
+        return self.outputs[key]
+
+
+class PaddedChunks:
+    """Static inputs of a bucketed prefill: up to `max_rows` chunks of up to `max_len` tokens,
+    each from position 0 of its slot, with `width` columns of per-token states (0: none)."""
+
+    def __init__(self, max_rows: int, max_len: int, device, *, width: int = 0, dtype=None):
+        self.tokens = torch.zeros(max_rows, max_len, dtype=torch.int64, device=device)  # [R, T]
+        self.slots = torch.zeros(max_rows, dtype=torch.int64, device=device)  # [R]
+        self.q_len = torch.ones(max_rows, dtype=torch.int64, device=device)  # [R] real tokens
+        self.starts = torch.zeros(max_rows, dtype=torch.int64, device=device)  # [R] always 0
+        self.states = torch.zeros(max_rows, max_len, width, dtype=dtype, device=device) if width else None  # [R, T, w]
+
+    def fill(self, rows: int, slots: list[int], chunks: list[torch.Tensor], states: list[torch.Tensor] | None = None):
+        """Rows 0..n-1 <- the n chunks (and their states), rows n..rows-1 <- row 0 again."""
+        order = list(range(len(chunks))) + [0] * (rows - len(chunks))
+        tokens = pad_sequence([chunks[i] for i in order], batch_first=True)  # [rows, T_max]
+        self.tokens[:rows, : tokens.shape[1]].copy_(tokens)
+        self.slots[:rows].copy_(torch.tensor([slots[i] for i in order]))
+        self.q_len[:rows].copy_(torch.tensor([chunks[i].shape[0] for i in order]))
+        if states is not None:
+            padded = pad_sequence([states[i] for i in order], batch_first=True)  # [rows, T_max, w]
+            self.states[:rows, : padded.shape[1]].copy_(padded)

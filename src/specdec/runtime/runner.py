@@ -14,7 +14,7 @@ from ..config import SpecConfig
 from ..models.capture import CaptureBuffer, capture_max_tokens
 from ..types import TreeMeta
 from .batch import prefill_batch, tree_batch
-from .bucket_graphs import BucketGraphs, length_buckets
+from .bucket_graphs import BucketGraphs, PaddedChunks, bucket_grid
 
 __all__ = ["ModelRunner"]
 
@@ -110,8 +110,9 @@ class ModelRunner:
         Returns (logits of each chunk's last token [n, V] float32, each chunk's drafter states
         [T_i, width], or None).
         """
-        if self._fits_bucket(slots, chunks, starts):
-            return self._bucket_prefill(slots[0], chunks[0])
+        key = self._bucket_key(chunks, starts)
+        if key is not None:
+            return self._bucket_prefill(key, slots, chunks)
         dev = chunks[0].device
         lengths = [c.shape[0] for c in chunks]
         T = max(lengths)
@@ -130,58 +131,55 @@ class ModelRunner:
         return out.logits[:, 0], hidden
 
     # ------------------------------------------------------------------ prefill buckets
-    def use_prefill_buckets(self, max_len: int, *, capture: bool, pool=None) -> int:
-        """Run every one-slot prefill chunk that starts at position 0 and has at most `max_len`
-        tokens through padded length buckets (`runtime.bucket_graphs`), one CUDA graph each
-        when `capture` (`pool`: their `torch.cuda.graph_pool_handle()`). Returns graphs captured.
+    def use_prefill_buckets(self, max_len: int, *, capture: bool, pool=None, max_rows: int = 1) -> int:
+        """Run prefill forwards whose chunks all start at position 0 through padded (rows,
+        length) buckets (`runtime.bucket_graphs`): up to `max_rows` chunks of up to `max_len`
+        tokens, rows x length within `prefill_chunk_size`; one CUDA graph each when `capture`
+        (`pool`: their `torch.cuda.graph_pool_handle()`). Returns graphs captured.
 
-        Why: at batch 1 a prompt's eager prefill costs more host time than the decode of a
-        short answer; a replayed bucket is one launch. Chunks that start later (chunked
-        prefill) or share a forward (`prefill_many` of several slots) stay eager.
+        Why: a prompt's eager prefill cost more host time than the decode of a short answer
+        (SmolLM2, batch 1: 47.6 ms against 7.5 replayed); chunks that continue a long prompt,
+        and groups without a bucket, stay eager.
         """
         cap = min(self.config.max_seq_len, self.config.prefill_chunk_size)  # the capture buffer holds a chunk
         if not 1 <= max_len <= cap:
             raise ValueError(f"max_len={max_len} is out of range; allowed: [1, {cap}] (max_seq_len "
                              f"{self.config.max_seq_len}, prefill_chunk_size {self.config.prefill_chunk_size})")
-        dev = self.device
-        self._bucket_tokens = torch.zeros(1, max_len, dtype=torch.int64, device=dev)  # [1, T_max]; padding: any id
-        self._bucket_slot = torch.zeros(1, dtype=torch.int64, device=dev)  # [1]
-        self._bucket_q_len = torch.ones(1, dtype=torch.int64, device=dev)  # [1] real tokens
-        self._bucket_start = torch.zeros(1, dtype=torch.int64, device=dev)  # [1] always 0
-        self.prefill_buckets = BucketGraphs(self._bucket_forward, length_buckets(max_len))
-        return self.prefill_buckets.capture(dev, pool) if capture else 0
+        if not 1 <= max_rows <= self.config.max_batch_size:
+            raise ValueError(f"max_rows={max_rows} is out of range; allowed: [1, max_batch_size={self.config.max_batch_size}]")
+        self._chunks = PaddedChunks(max_rows, max_len, self.device)
+        keys = bucket_grid(max_rows, max_len, self.config.prefill_chunk_size)
+        self.prefill_buckets = BucketGraphs(self._bucket_forward, keys)
+        return self.prefill_buckets.capture(self.device, pool) if capture else 0
 
-    def _fits_bucket(self, slots: list[int], chunks: list[torch.Tensor], starts: list[int]) -> bool:
-        return (
-            self.prefill_buckets is not None
-            and len(slots) == 1
-            and starts[0] == 0
-            and chunks[0].shape[0] <= self.prefill_buckets.max_len
-        )
-
-    def _bucket_forward(self, T: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The prefill of bucket T from the static inputs: (last-token logits [1, V] float32,
-        last hidden [1, T, d] or None). Padding rows write no KV and capture to the sink row."""
-        q_len = self._bucket_q_len
-        batch = prefill_batch(self.cache, self._bucket_slot, self._bucket_start, q_len, T, max_kv_len=T)
-        out = self.model(self._bucket_tokens[:, :T], batch.positions, self.cache, batch, capture=self.capture,
+    def _bucket_forward(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The prefill of bucket (R, T) from the static inputs: (last-token logits [R, V]
+        float32, last hidden [R, T, d] or None). Padding tokens write no KV and capture to the
+        sink row; padding rows repeat row 0."""
+        R, T = key
+        c = self._chunks
+        q_len = c.q_len[:R]
+        batch = prefill_batch(self.cache, c.slots[:R], c.starts[:R], q_len, T, max_kv_len=T)
+        out = self.model(c.tokens[:R, :T], batch.positions, self.cache, batch, capture=self.capture,
                          logits_index=(q_len - 1)[:, None])
         return out.logits[:, 0], out.last_hidden if self.keep_last_hidden else None
 
-    def _bucket_prefill(self, slot: int, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """`prefill_many` of one chunk from position 0 through its bucket (outputs copied out:
-        the next run overwrites them)."""
-        T = tokens.shape[0]
-        self._bucket_tokens[0, :T].copy_(tokens)
-        self._bucket_slot.fill_(slot)
-        self._bucket_q_len.fill_(T)
-        logits, last_hidden = self.prefill_buckets.run(self.prefill_buckets.bucket(T))
+    def _bucket_key(self, chunks: list[torch.Tensor], starts: list[int]) -> tuple[int, int] | None:
+        if self.prefill_buckets is None or any(starts):
+            return None
+        return self.prefill_buckets.bucket(len(chunks), max(c.shape[0] for c in chunks))
+
+    def _bucket_prefill(self, key, slots: list[int], chunks: list[torch.Tensor]):
+        """`prefill_many` through bucket `key` (outputs copied out: the next run overwrites them)."""
+        self._chunks.fill(key[0], slots, chunks)
+        logits, last_hidden = self.prefill_buckets.run(key)
+        lengths = [c.shape[0] for c in chunks]
         hidden = None
-        if self.capture is not None:
-            hidden = [self.capture.rows(T).clone()]
+        if self.capture is not None:  # rows packed row after row; padding rows come after the real ones
+            hidden = list(self.capture.rows(sum(lengths)).clone().split(lengths))
         elif self.keep_last_hidden:
-            hidden = [last_hidden[0, :T].clone()]
-        return logits.clone(), hidden
+            hidden = [last_hidden[i, :n].clone() for i, n in enumerate(lengths)]
+        return logits[: len(chunks)].clone(), hidden
 
     @torch.no_grad()  # not inference_mode: the whole step may be traced by torch.compile, which cannot
     # functionalize views inside an inference-mode region ("Cannot set version_counter for inference tensor")
