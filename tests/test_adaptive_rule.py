@@ -1,7 +1,7 @@
 """The adaptive speculation rule alone (`specdec.adaptive`), with planted step times and
 acceptance histories: its estimates match hand computations, it speculates exactly when the
-expected tokens per second say so, it probes the other variant at doubling intervals and
-resets them when a probe flips the choice, and after a request's acceptance collapses it
+expected tokens per second say so, it probes the other variant at doubling intervals (plain
+only while it could win at its warm-up time) and resets them when a probe flips the choice, and after a request's acceptance collapses it
 stops speculating within a bounded number of steps. Exact decision sequences are pinned."""
 
 from __future__ import annotations
@@ -148,13 +148,26 @@ def test_a_request_without_drafts_counts_one_token_and_a_budget_limits_the_depth
 
 
 def test_decision_sequence_when_speculation_always_pays():
-    """Every draft accepted, speculative step 2x the plain: speculate; plain probes after 4,
-    then 8, 16, 32 speculative steps (each probe confirms, so the interval doubles)."""
+    """Every draft accepted, speculative step 2x the plain: 5 tokens per request per 2 s
+    against at most 1 per 1 s (the plain step's warm-up time, which a live step never
+    undercuts): speculate every step, and never probe plain (it could only confirm)."""
     rule = planted_rule(2.0, 1.0)
     seq = drive(rule, [Req(), Req()], lambda step, i: D, 70, bucket=4, spec_s=2.0, plain_s=1.0)
+    assert seq == "S" * 70
+    assert rule.decisions == {True: 70, False: 0} and rule.probes == 0
+
+
+def test_a_plain_probe_runs_while_the_plain_step_could_win_at_its_cheapest():
+    """One draft accepted per step (E[tokens] ~2.02 per request), the speculative step 2 s at
+    warm-up but 2.2 s live: the plain step, never run, is priced at its warm-up 1 s scaled
+    by that drift (1.1 s), so speculating looks better (4.08 tokens in 2.2 s = 1.85/s against
+    2 in 1.1 s = 1.82/s); at its warm-up time plain would win (2.0/s), so after 4 steps it is
+    probed, runs in 1 s, and the rule switches to plain (speculative probes then at doubling
+    intervals)."""
+    rule = planted_rule(2.0, 1.0)
+    seq = drive(rule, [Req(), Req()], lambda step, i: 1, 40, bucket=4, spec_s=2.2, plain_s=1.0)
     assert FIRST_INTERVAL == 4
-    assert seq == "SSSS" + "p" + "S" * 8 + "p" + "S" * 16 + "p" + "S" * 32 + "p" + "S" * 6
-    assert rule.decisions == {True: 66, False: 4} and rule.probes == 4
+    assert seq == "SSSS" + "p" + "PPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" * 5
 
 
 def test_decision_sequence_when_drafts_are_never_accepted():
@@ -169,22 +182,23 @@ def test_decision_sequence_when_drafts_are_never_accepted():
 def test_after_acceptance_collapses_mid_run_it_stops_speculating_within_six_steps():
     """Two requests accept every draft for 10 steps, then none: the per-request estimates
     (forgetting 0.7 per step) fall below the break-even E[tokens] = 2 (speculative = 2x plain)
-    after six failed speculative steps; from then on only probes speculate."""
+    after six failed speculative steps; from then on only probes speculate. (No plain probe
+    while speculating: at 5 tokens per request it pays even against plain's warm-up time.)"""
     rule = planted_rule(2.0, 1.0)
     requests = [Req(), Req()]
     seq = drive(rule, requests, lambda step, i: D if step < 10 else 0, 40, bucket=4, spec_s=2.0, plain_s=1.0)
-    assert seq[:10] == "SSSS" + "p" + "SSSSS"
-    assert seq[10:] == "SSS" + "p" + "SSS" + "P" * 16 + "s" + "P" * 6
+    assert seq[:10] == "S" * 10
+    assert seq[10:] == "S" * 6 + "PPPP" + "s" + "P" * 8 + "s" + "P" * 10
     assert all(r.acceptance.expected_tokens(D) < 2.0 for r in requests)
 
 
 def test_a_probe_that_flips_the_choice_resets_the_interval():
     """Plain at first (acceptance 0); from step 30 every draft would be accepted: the next
-    speculative probe (step 31) finds it, the rule switches to speculating and, the interval
-    reset, probes plain 4 speculative steps later (the probe counts as the first), then 8."""
+    speculative probe (step 31) finds it and the rule switches to speculating for good (3.2
+    tokens per 1.5 s beat even plain's warm-up time, 1 token per 1 s: no plain probe follows)."""
     rule = planted_rule(1.5, 1.0)
     seq = drive(rule, [Req()], lambda step, i: 0 if step < 30 else D, 60, bucket=1, spec_s=1.5, plain_s=1.0)
-    assert seq == "S" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "SSS" + "p" + "S" * 8 + "p" + "S" * 15
+    assert seq == "S" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "S" * 28
 
 
 def test_buckets_keep_their_own_costs_and_probe_schedules():

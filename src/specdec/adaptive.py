@@ -27,7 +27,10 @@ costs what target-only steps cost. Per step it picks
 - **Exploration.** The variant that is not chosen gets no fresh measurements, so after
   `interval` steps of one variant in a bucket the other runs once (a probe). A probe that
   leaves the choice unchanged doubles that bucket's interval (up to `MAX_INTERVAL`), one
-  that flips it resets the interval: when the decision is clear, probes become rare.
+  that flips it resets the interval: when the decision is clear, probes become rare. A
+  plain probe runs only while the plain step could win at its cheapest (its warm-up time,
+  which live steps do not undercut); speculative probes always run (they are also what
+  refreshes the acceptance estimates while plain steps are chosen).
 
 The per-slot draft budget is not a candidate of its own: one captured graph serves every
 budget of a bucket at one cost, so a request's own budget (`num_draft_tokens`) is always
@@ -196,6 +199,8 @@ class AdaptiveRule:
             self._interval[bucket] = min(2 * interval, MAX_INTERVAL) if best == went_against else FIRST_INTERVAL
         variant, run = self._run.get(bucket, (best, 0))
         probe = variant == best and run >= self._interval.get(bucket, FIRST_INTERVAL)
+        if probe and best:  # a plain probe only while the plain step could win at its cheapest
+            probe = self._plain_could_win(bucket, plain, tokens, seconds)
         choice = (not best) if probe else best
         if probe:
             self._probed[bucket] = best
@@ -204,6 +209,16 @@ class AdaptiveRule:
         self.decisions[choice] += 1
         self.last = Decision(bucket, choice, plain, probe, len(running), tokens, seconds)
         return choice
+
+    def _plain_could_win(self, bucket: int, plain: str, tokens: dict, seconds: dict) -> bool:
+        """Whether the plain step would beat the speculative one at its lowest possible cost:
+        its warm-up time (idle slots, no context: a live step of the same graph is never
+        cheaper). If even then it loses, a probe can only confirm the choice and costs a step's
+        worth of tokens (on the H200 at batch 4, 3 such probes in ~100 steps cost ~3% of the
+        decode), so none is run. The acceptance side needs no probe here: speculative steps
+        keep updating it, and the choice flips as soon as the estimates say so."""
+        cheapest = min(seconds[False], self.costs.warm.get((bucket, plain), seconds[False]))
+        return tokens[False] / cheapest > tokens[True] / seconds[True]
 
     def observe(self, request, accept_length: int) -> None:
         """After a speculative step: fold `request`'s accepted length into its and the pool's estimates."""
