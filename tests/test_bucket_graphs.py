@@ -62,13 +62,14 @@ def test_keys_must_be_distinct_and_positive(keys):
 
 
 def test_padded_chunks_repeat_row_zero_in_the_padding_rows():
-    c = PaddedChunks(4, 8, "cpu", width=2, dtype=torch.float32)
+    c = PaddedChunks(4, 32, "cpu", width=2, dtype=torch.float32)
     chunks = [torch.tensor([5, 6, 7]), torch.tensor([9])]
     states = [torch.ones(3, 2), torch.full((1, 2), 2.0)]
-    c.fill(4, [2, 0], chunks, states)
+    c.fill((4, 8), [2, 0], chunks, states)
     assert c.slots.tolist() == [2, 0, 2, 2] and c.q_len.tolist() == [3, 1, 3, 3]
-    assert c.tokens[:, :3].tolist() == [[5, 6, 7], [9, 0, 0], [5, 6, 7], [5, 6, 7]]
-    assert c.states[1, 0].tolist() == [2.0, 2.0] and c.states[3, :3].tolist() == [[1.0, 1.0]] * 3
+    assert c.tokens((4, 8))[:, :3].tolist() == [[5, 6, 7], [9, 0, 0], [5, 6, 7], [5, 6, 7]]
+    assert c.states((4, 8))[1, 0].tolist() == [2.0, 2.0] and c.states((4, 8))[3, :3].tolist() == [[1.0, 1.0]] * 3
+    assert c.tokens((2, 16)).shape == (2, 16) and c.states((2, 16)).shape == (2, 16, 2)  # views of one flat buffer
 
 
 @pytest.mark.gpu

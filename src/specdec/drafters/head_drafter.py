@@ -348,7 +348,7 @@ class HeadDrafter:
         if self.prefill_buckets is not None and not any(starts):
             key = self.prefill_buckets.bucket(len(slots), max(t.shape[0] for t in next_tokens))
         if key is not None:
-            self._chunks.fill(key[0], slots, [t.to(self.device) for t in next_tokens],
+            self._chunks.fill(key, slots, [t.to(self.device) for t in next_tokens],
                               [h.to(self.device, self.dtype) for h in hidden])
             self.prefill_buckets.run(key)
             return
@@ -376,8 +376,9 @@ class HeadDrafter:
             raise ValueError(f"max_len={max_len} is out of range; allowed: [1, max_seq_len={self.max_seq_len}]")
         if not 1 <= max_rows <= self.batch_size:
             raise ValueError(f"max_rows={max_rows} is out of range; allowed: [1, max_batch_size={self.batch_size}]")
-        self._chunks = PaddedChunks(max_rows, max_len, self.device, width=self.hidden_width, dtype=self.dtype)
-        keys = bucket_grid(max_rows, max_len, max_len if max_tokens is None else max_tokens)
+        budget = max_len if max_tokens is None else max_tokens
+        self._chunks = PaddedChunks(max_rows, budget, self.device, width=self.hidden_width, dtype=self.dtype)
+        keys = bucket_grid(max_rows, max_len, budget)
         self.prefill_buckets = BucketGraphs(self._bucket_forward, keys)
         captured = self.prefill_buckets.capture(self.device, pool) if capture else 0
         self.live.index_fill_(0, self._chunks.slots, False)  # the capture's runs left slot 0 "live"
@@ -390,7 +391,7 @@ class HeadDrafter:
         c = self._chunks
         slots, q_len = c.slots[:R], c.q_len[:R]
         batch = prefill_batch(self.cache, slots, c.starts[:R], q_len, T, max_kv_len=T)
-        out, logits = self._forward(self.embed(c.tokens[:R, :T]), c.states[:R, :T], batch.positions,
+        out, logits = self._forward(self.embed(c.tokens(key)), c.states(key), batch.positions,
                                     self._attend(batch), first=True)
         self.ctx_hidden.index_copy_(0, slots, _last_row(out, q_len).to(self.ctx_hidden.dtype))
         self.root_logits.index_copy_(0, slots, _last_row(logits, q_len).to(self.root_logits.dtype))

@@ -147,8 +147,9 @@ class ModelRunner:
                              f"{self.config.max_seq_len}, prefill_chunk_size {self.config.prefill_chunk_size})")
         if not 1 <= max_rows <= self.config.max_batch_size:
             raise ValueError(f"max_rows={max_rows} is out of range; allowed: [1, max_batch_size={self.config.max_batch_size}]")
-        self._chunks = PaddedChunks(max_rows, max_len, self.device)
-        keys = bucket_grid(max_rows, max_len, self.config.prefill_chunk_size)
+        budget = self.config.prefill_chunk_size
+        self._chunks = PaddedChunks(max_rows, budget, self.device)
+        keys = bucket_grid(max_rows, max_len, budget)
         self.prefill_buckets = BucketGraphs(self._bucket_forward, keys)
         return self.prefill_buckets.capture(self.device, pool) if capture else 0
 
@@ -160,7 +161,7 @@ class ModelRunner:
         c = self._chunks
         q_len = c.q_len[:R]
         batch = prefill_batch(self.cache, c.slots[:R], c.starts[:R], q_len, T, max_kv_len=T)
-        out = self.model(c.tokens[:R, :T], batch.positions, self.cache, batch, capture=self.capture,
+        out = self.model(c.tokens(key), batch.positions, self.cache, batch, capture=self.capture,
                          logits_index=(q_len - 1)[:, None])
         return out.logits[:, 0], out.last_hidden if self.keep_last_hidden else None
 
@@ -171,7 +172,7 @@ class ModelRunner:
 
     def _bucket_prefill(self, key, slots: list[int], chunks: list[torch.Tensor]):
         """`prefill_many` through bucket `key` (outputs copied out: the next run overwrites them)."""
-        self._chunks.fill(key[0], slots, chunks)
+        self._chunks.fill(key, slots, chunks)
         logits, last_hidden = self.prefill_buckets.run(key)
         lengths = [c.shape[0] for c in chunks]
         hidden = None
