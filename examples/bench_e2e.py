@@ -203,8 +203,9 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
     log(f"[{setup.name}] built in {time.perf_counter() - t0:.1f} s; warming up (buckets {config.batch_buckets}, "
         f"max_seq_len {max_seq_len}, compile={config.compile}, cuda_graphs={config.cuda_graphs})")
     warm_s = warm_up(dec, prompts, batch_sizes, device)
-    captured = dec.engine.capture_count
-    log(f"[{setup.name}] warm-up {warm_s:.1f} s (warmup() and throw-away requests, not timed), {captured} CUDA graphs captured")
+    captured, prefill_graphs = dec.engine.capture_count, dec.engine.prefill_graph_count
+    log(f"[{setup.name}] warm-up {warm_s:.1f} s (warmup() and throw-away requests, not timed), {captured} step and "
+        f"{prefill_graphs} prefill CUDA graphs captured")
     sampling = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     rows = []
     for B in batch_sizes:
@@ -228,6 +229,7 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
             key=key, name=setup.name, batch=B, prompts=len(prompts), new_tokens=tokens, seconds=seconds,
             tok_s=tokens / seconds, tau=sum(len(o) - 1 for o in outputs) / max(sum(steps), 1),
             warmup_s=warm_s, graphs_after_warmup=captured, graphs_after_run=dec.engine.capture_count,
+            prefill_graphs=prefill_graphs,
             dynamo_graphs_during_run=_dynamo_graphs() - graphs_before, outputs=outputs, note="",
             kernels_per_step=None, kernels_how=None, prefill_s=prefill_s, calls=-(-len(prompts) // B),
             engine_steps=engine_steps, step_ms=(seconds - prefill_s) / max(engine_steps, 1) * 1e3,
@@ -517,8 +519,9 @@ def main() -> None:
                 for r in spec_rows if r["graphs_after_run"] != r["graphs_after_warmup"]]
         recompiled = [f"{r['name']} (batch {r['batch']}): {r['dynamo_graphs_during_run']}"
                       for r in spec_rows if r["dynamo_graphs_during_run"]]
-        warm = {r["name"]: r["warmup_s"] for r in spec_rows}
-        notes.insert(0, "specdec `warmup()` seconds: " + ", ".join(f"{n} {s:.1f}" for n, s in warm.items()) + ".")
+        warm = {r["name"]: (r["warmup_s"], r.get("prefill_graphs", 0)) for r in spec_rows}
+        notes.insert(0, "specdec `warmup()` seconds (prefill graphs captured): "
+                     + ", ".join(f"{n} {s:.1f} ({g})" for n, (s, g) in warm.items()) + ".")
         notes.insert(1, "CUDA graphs captured after warmup: " + ("none" if not grew else "; ".join(grew))
                      + "; torch.compile graphs made while timing: " + ("; ".join(recompiled) or "none") + ".")
     if device.type == "cuda" and args.kernel_steps > 0:
