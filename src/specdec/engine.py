@@ -10,7 +10,10 @@ happen on the host, one `run_iteration` at a time (continuous batching):
 - chunked, grouped prefill (`config.prefill_chunk_size` padded tokens per forward): the
   next chunks of several prefilling requests share one target forward (a GPU prefill costs
   mostly launches); while other requests are running, one forward per iteration, so a new
-  prompt never stalls them for longer than one chunk; then the first tokens (drawn together);
+  prompt never stalls them for longer than one chunk; then the first tokens (drawn together).
+  With graphs on, a prefill whose chunks all start at position 0 replays the CUDA graph of
+  its padded (requests, length) bucket, target and draft head (`use_prefill_buckets`,
+  `runtime.bucket_graphs`; captured by `warmup`);
 - reserving KV blocks ahead of need (`config.kv_lookahead_steps` steps ahead, one
   asynchronous pinned copy of the block tables per step, never inside the device step);
 - host drafters (n-gram): drafting between steps from the hand-off lists;
