@@ -48,6 +48,8 @@ def test_a_group_runs_in_the_smallest_bucket_that_holds_it():
     assert graphs.bucket(3, 20) == (4, 32) and graphs.bucket(2, 64) == (2, 64)
     assert graphs.bucket(4, 64) is None  # 4 x 64 is over the 128-token budget: eager
     assert graphs.bucket(5, 16) is None and graphs.bucket(1, 101) is None  # beyond the grid: eager
+    assert graphs.key_for([3, 20, 5], [0, 0, 0]) == (4, 32)
+    assert graphs.key_for([3, 20], [0, 7]) is None  # a chunk that continues its prompt: eager
     assert graphs.run((2, 32)).shape == (2, 32) and calls == [(2, 32)]  # not captured: the forward itself
     with pytest.raises(ValueError, match=r"rows=0 and length=3 must be >= 1"):
         graphs.bucket(0, 3)

@@ -50,6 +50,7 @@ from .ops.random import STREAM_FIRST_TOKEN, counter_uniforms
 from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule
 from .registry import Strategies
 from .request import FINISHED, PREFILLING, RUNNING, WAITING, RequestState
+from .runtime.bucket_graphs import capture_graph
 from .runtime.kv_cache import KVCacheError
 from .step_timing import PhaseTimer, StepTimes
 from .step import DeviceStep, StepState
@@ -113,7 +114,7 @@ class WarmupReport:
     seconds: float
     buckets: tuple[int, ...]
     graphs: int
-    prefill_graphs: int = 0  # target and drafter prefill graphs, one per prompt-length bucket
+    prefill_graphs: int = 0  # target and drafter prefill graphs, one per (requests, length) bucket
 
 
 class SpecEngine:
@@ -206,7 +207,7 @@ class SpecEngine:
         self._roots = [0] * B
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}  # (bucket, step variant) -> graph
         self.capture_count = 0  # step graphs captured
-        self.prefill_graph_count = 0  # prefill graphs captured (target and drafter, per length bucket)
+        self.prefill_graph_count = 0  # prefill graphs captured (target and drafter, per (requests, length) bucket)
         self.watchdog = ProgressWatchdog(config)  # a request that stops progressing fails, by name
         self.warmed = False
         self.check_syncs = False  # CUDA: fail on any host sync inside the device part (tests)
@@ -587,25 +588,16 @@ class SpecEngine:
                 self.runner.free(slot)
 
     def _capture_prefills(self) -> None:
-        """One CUDA graph per prompt-length bucket for the target's and the drafter's prefill of
-        a chunk from position 0 (`use_prefill_buckets`; a part without it stays eager), in a
-        pool of their own. At batch 1 the eager prefill cost more host time than the steps of
+        """One CUDA graph per (requests, length) bucket for the target's and the drafter's
+        prefill of chunks from position 0 (`use_prefill_buckets`; a part without it stays
+        eager), in a pool of their own. At batch 1 the eager prefill cost more host time than the steps of
         a short answer."""
         self.prefill_graph_count += use_prefill_buckets(self.runner, self.strategies.drafter, self.config,
                                                         capture=True, pool=torch.cuda.graph_pool_handle())
 
     def _capture(self, b: int, variant: str, pool) -> None:
         kv_len = self.config.max_seq_len
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile, autotune, allocate outside the capture
-                self._run_step(b, variant, kv_len)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self._run_step(b, variant, kv_len)
-        self.graphs[(b, variant)] = graph
+        self.graphs[(b, variant)], _ = capture_graph(lambda: self._run_step(b, variant, kv_len), self.device, pool)
         self.capture_count += 1
 
     # ------------------------------------------------------------------ the step

@@ -344,26 +344,28 @@ class HeadDrafter:
                        starts: list[int]) -> None:
         """Checked chunks through the head in one forward, padded to the longest; each slot's
         last row becomes its `ctx_hidden` / `root_logits`."""
-        key = None
-        if self.prefill_buckets is not None and not any(starts):
-            key = self.prefill_buckets.bucket(len(slots), max(t.shape[0] for t in next_tokens))
+        lengths = [t.shape[0] for t in next_tokens]
+        key = None if self.prefill_buckets is None else self.prefill_buckets.key_for(lengths, starts)
         if key is not None:
             self._chunks.fill(key, slots, [t.to(self.device) for t in next_tokens],
                               [h.to(self.device, self.dtype) for h in hidden])
             self.prefill_buckets.run(key)
             return
         dev = self.device
-        lengths = [t.shape[0] for t in next_tokens]
         q_len = torch.tensor(lengths, device=dev)  # [n]
         batch = prefill_batch(self.cache, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), q_len,
                               max(lengths), max_kv_len=max(s + n for s, n in zip(starts, lengths)))
         tokens = torch.nn.utils.rnn.pad_sequence([t.to(dev) for t in next_tokens], batch_first=True)  # [n, T]
         states = torch.nn.utils.rnn.pad_sequence([h.to(dev, self.dtype) for h in hidden], batch_first=True)  # [n, T, w]
         out, logits = self._forward(self.embed(tokens), states, batch.positions, self._attend(batch), first=True)
-        index = torch.tensor(slots, device=dev)
-        self.ctx_hidden[index] = _last_row(out, q_len).to(self.ctx_hidden.dtype)
-        self.root_logits[index] = _last_row(logits, q_len).to(self.root_logits.dtype)
-        self.live[index] = True
+        self._keep_last_rows(torch.tensor(slots, device=dev), out, logits, q_len)
+
+    def _keep_last_rows(self, slots: torch.Tensor, out: torch.Tensor, logits: torch.Tensor, q_len: torch.Tensor) -> None:
+        """A prefill forward's last row per chunk becomes its slot's `ctx_hidden` / `root_logits`
+        (slots [n] int64; out [n, T, d], logits [n, T, Vd]), and the slot is live."""
+        self.ctx_hidden.index_copy_(0, slots, _last_row(out, q_len).to(self.ctx_hidden.dtype))
+        self.root_logits.index_copy_(0, slots, _last_row(logits, q_len).to(self.root_logits.dtype))
+        self.live.index_fill_(0, slots, True)
 
     def use_prefill_buckets(self, max_len: int, *, capture: bool, pool=None, max_rows: int = 1,
                             max_tokens: int | None = None) -> int:
@@ -393,9 +395,7 @@ class HeadDrafter:
         batch = prefill_batch(self.cache, slots, c.starts[:R], q_len, T, max_kv_len=T)
         out, logits = self._forward(self.embed(c.tokens(key)), c.states(key), batch.positions,
                                     self._attend(batch), first=True)
-        self.ctx_hidden.index_copy_(0, slots, _last_row(out, q_len).to(self.ctx_hidden.dtype))
-        self.root_logits.index_copy_(0, slots, _last_row(logits, q_len).to(self.root_logits.dtype))
-        self.live.index_fill_(0, slots, True)
+        self._keep_last_rows(slots, out, logits, q_len)
 
     def reset_slot(self, slot: int) -> None:
         """Forget `slot`: it drafts root-only trees until the next prefill (a private cache frees its blocks)."""

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-__all__ = ["BucketGraphs", "PaddedChunks", "bucket_grid", "length_buckets", "row_buckets"]
+__all__ = ["BucketGraphs", "PaddedChunks", "bucket_grid", "capture_graph", "length_buckets", "row_buckets"]
 
 SMALLEST = 16  # the smallest bucket: shorter chunks pad to it (launch-bound there: free)
 DOUBLING_UNTIL = 128  # powers of two up to here, then steps of this size (padding <= 128 rows)
@@ -63,6 +63,22 @@ def bucket_grid(max_rows: int, max_len: int, max_tokens: int) -> tuple[tuple[int
     return tuple(keys)
 
 
+def capture_graph(run: Callable[[], Any], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """`run()` captured in a CUDA graph (memory from `pool`): run twice first on a side stream,
+    so compilation, autotuning and allocations happen outside the capture. Returns the graph
+    and the captured run's outputs (its static tensors)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    return graph, outputs
+
+
 class BucketGraphs:
     """`forward((rows, length))` per bucket, replayed from a CUDA graph once `capture` has run.
 
@@ -83,14 +99,6 @@ class BucketGraphs:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], Any] = {}
 
-    @property
-    def max_rows(self) -> int:
-        return self.rows[-1]
-
-    @property
-    def max_len(self) -> int:
-        return self.lengths[-1]
-
     def bucket(self, rows: int, length: int) -> tuple[int, int] | None:
         """The bucket of `rows` chunks of at most `length` tokens: the smallest row and length
         buckets that hold them, or None when that pair is not a bucket (over the token budget,
@@ -101,21 +109,17 @@ class BucketGraphs:
         T = next((b for b in self.lengths if b >= length), None)
         return (r, T) if (r, T) in self._key_set else None
 
+    def key_for(self, lengths: list[int], starts: list[int]) -> tuple[int, int] | None:
+        """The bucket of chunks of `lengths` tokens at positions `starts`, or None: chunks that
+        continue a prompt (a start > 0) and groups without a bucket run eagerly."""
+        return None if any(starts) else self.bucket(len(lengths), max(lengths))
+
     def capture(self, device: torch.device, pool=None) -> int:
         """Capture one CUDA graph per bucket, largest first (smaller ones reuse its memory from
         `pool`, a `torch.cuda.graph_pool_handle()`; a new pool if None). Returns the count."""
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
         for key in sorted(self.keys, key=lambda k: (k[0] * k[1], k), reverse=True):
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile, autotune and allocate outside the capture
-                    self.forward(key)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[key] = self.forward(key)
-            self.graphs[key] = graph
+            self.graphs[key], self.outputs[key] = capture_graph(lambda key=key: self.forward(key), device, pool)
         return len(self.graphs)
 
     def run(self, key: tuple[int, int]) -> Any:

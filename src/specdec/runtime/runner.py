@@ -110,11 +110,11 @@ class ModelRunner:
         Returns (logits of each chunk's last token [n, V] float32, each chunk's drafter states
         [T_i, width], or None).
         """
-        key = self._bucket_key(chunks, starts)
+        lengths = [c.shape[0] for c in chunks]
+        key = None if self.prefill_buckets is None else self.prefill_buckets.key_for(lengths, starts)
         if key is not None:
             return self._bucket_prefill(key, slots, chunks)
         dev = chunks[0].device
-        lengths = [c.shape[0] for c in chunks]
         T = max(lengths)
         tokens = torch.nn.utils.rnn.pad_sequence(chunks, batch_first=True)  # [n, T], padded with 0
         q_len = torch.tensor(lengths, device=dev)  # [n]
@@ -123,12 +123,7 @@ class ModelRunner:
             max_kv_len=max(s + n for s, n in zip(starts, lengths)),
         )
         out = self.model(tokens, batch.positions, self.cache, batch, capture=self.capture, logits_index=(q_len - 1)[:, None])
-        hidden = None
-        if self.capture is not None:  # rows packed row after row (`CaptureBuffer.row_index`)
-            hidden = list(self.capture.rows(sum(lengths)).clone().split(lengths))
-        elif self.keep_last_hidden:
-            hidden = [out.last_hidden[i, :n] for i, n in enumerate(lengths)]
-        return out.logits[:, 0], hidden
+        return out.logits[:, 0], self._chunk_states(lengths, out.last_hidden)
 
     # ------------------------------------------------------------------ prefill buckets
     def use_prefill_buckets(self, max_len: int, *, capture: bool, pool=None, max_rows: int = 1) -> int:
@@ -165,22 +160,21 @@ class ModelRunner:
                          logits_index=(q_len - 1)[:, None])
         return out.logits[:, 0], out.last_hidden if self.keep_last_hidden else None
 
-    def _bucket_key(self, chunks: list[torch.Tensor], starts: list[int]) -> tuple[int, int] | None:
-        if self.prefill_buckets is None or any(starts):
-            return None
-        return self.prefill_buckets.bucket(len(chunks), max(c.shape[0] for c in chunks))
-
     def _bucket_prefill(self, key, slots: list[int], chunks: list[torch.Tensor]):
         """`prefill_many` through bucket `key` (outputs copied out: the next run overwrites them)."""
         self._chunks.fill(key, slots, chunks)
         logits, last_hidden = self.prefill_buckets.run(key)
-        lengths = [c.shape[0] for c in chunks]
-        hidden = None
-        if self.capture is not None:  # rows packed row after row; padding rows come after the real ones
-            hidden = list(self.capture.rows(sum(lengths)).clone().split(lengths))
-        elif self.keep_last_hidden:
-            hidden = [last_hidden[i, :n].clone() for i, n in enumerate(lengths)]
-        return logits[: len(chunks)].clone(), hidden
+        return logits[: len(chunks)].clone(), self._chunk_states([c.shape[0] for c in chunks], last_hidden)
+
+    def _chunk_states(self, lengths: list[int], last_hidden: torch.Tensor) -> list[torch.Tensor] | None:
+        """Each chunk's drafter states [T_i, width], copied out of the forward's buffers
+        (captured rows are packed row after row, `CaptureBuffer.row_index`; a bucket's padding
+        rows come after the real ones), or None."""
+        if self.capture is not None:
+            return list(self.capture.rows(sum(lengths)).clone().split(lengths))
+        if self.keep_last_hidden:
+            return [last_hidden[i, :n].clone() for i, n in enumerate(lengths)]
+        return None
 
     @torch.no_grad()  # not inference_mode: the whole step may be traced by torch.compile, which cannot
     # functionalize views inside an inference-mode region ("Cannot set version_counter for inference tensor")
