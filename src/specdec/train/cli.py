@@ -90,6 +90,10 @@ def _cmd_train(args, argv) -> int:
     if args.val_prompts < 0:
         raise SystemExit(f"--val-prompts {args.val_prompts} is negative; allowed: an int >= 0 (0: validate on a "
                          f"--val-fraction share of the training data)")
+    if args.max_variants < 1:
+        raise SystemExit(f"--max-variants {args.max_variants} is out of range; allowed: an int >= 1 (1: each prompt once)")
+    if not args.variant_temperature > 0:
+        raise SystemExit(f"--variant-temperature {args.variant_temperature} is out of range; allowed: a number > 0")
 
     return run_pipeline(RECIPES[args.command](), args, argv, load_target=_load_target, device=_device(args.device),
                         train_config=_train_config, eval_prompts=_prompts_for_eval)
@@ -188,6 +192,13 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mix-shares", default=None,
                    help="diverse mix shares (those named are the whole mix; default "
                         "source=0.4,instruct=0.2,math=0.1,header=0.1,self_instruct=0.1,multi_turn=0.1)")
+    g.add_argument("--max-variants", type=int, default=6,
+                   help="with --data-mix diverse: an instruct or header prompt (a few hundred distinct ones each) may "
+                        "appear this many times, its greedy answer then answers sampled at --variant-temperature, before "
+                        "the rest of its share goes to source prompts; 1: each once")
+    g.add_argument("--variant-temperature", type=float, default=0.8,
+                   help="sampling temperature of the repeated prompts' answers (> 0; the head still learns the "
+                        "target's own next-token distribution on them)")
     g.add_argument("--val-prompts", type=int, default=256,
                    help="with --data-mix diverse: validate (per category, early stopping) on this many prompts of the mix's "
                         "HELD-OUT split (unseen topics/templates, no frozen evaluation prompt), self-distilled like the "
@@ -199,7 +210,11 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
     g.add_argument("--gen-cuda-graph", choices=("auto", "off"), default="auto",
                    help="auto: replay the decode forward from a CUDA graph on CUDA (checked once, eager on failure)")
-    g.add_argument("--regenerate", action="store_true", help="ignore <work>/data.pt")
+    g.add_argument("--regenerate", action="store_true",
+                   help="ignore <work>/data.pt and the responses saved so far (generation resumes otherwise)")
+    g.add_argument("--continue-generation", action="store_true",
+                   help="answer the prompts that --gen-minutes left unanswered in <work>/data.pt (until this call's "
+                        "--gen-minutes), then train from scratch on the larger data")
     g = p.add_argument_group("training")
     g.add_argument("--draft-vocab-size", type=int, default=4096, help="eagle3 only (mtp predicts the full vocabulary)")
     g.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (eagle3) / recursion depth trained (mtp)")

@@ -9,6 +9,7 @@ and never looks at a draft head.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .prompts import Prompt, encode_prompt
 __all__ = ["DistillData", "generate_responses", "build_distill_data"]
 
 ROUND_BATCHES = 8  # batches per shuffled round (prompts are length-sorted within a round)
+SAVE_EVERY_S = 30.0  # resumable generation: save the responses so far at most this often (and at the end)
 
 
 @dataclass
@@ -85,12 +87,16 @@ class DistillData:
         return DistillData(state["tokens"], state["offsets"], state["prompt_lens"], list(state["kinds"]), dict(state["meta"]))
 
 
-def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """logits [b, V] float32 -> next tokens [b] int64 (argmax, or a draw at `temperature`)."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+def _pick(logits: torch.Tensor, temperature: torch.Tensor | None, generator: torch.Generator | None) -> torch.Tensor:
+    """logits [b, V] float32 -> next tokens [b] int64: the argmax on rows whose temperature is 0
+    (all rows when `temperature` is None), a draw at the row's temperature elsewhere.
+    temperature: [b] float32 or None."""
+    greedy = logits.argmax(-1)
+    if temperature is None:
+        return greedy
+    probs = torch.softmax(logits / temperature.clamp_min(1e-6)[:, None], dim=-1)
+    drawn = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.where(temperature > 0, drawn, greedy)
 
 
 @torch.inference_mode()
@@ -101,12 +107,13 @@ def generate_responses(
     max_new_tokens: int,
     batch_size: int,
     eos_token_ids: tuple[int, ...],
-    temperature: float = 0.0,
+    temperature: float | list[float] = 0.0,
     seed: int = 0,
     block_size: int = 16,
     deadline: float | None = None,
     progress: bool = True,
     cuda_graph: bool = False,
+    on_batch: Callable[[list[list[int] | None]], None] | None = None,
 ) -> list[list[int] | None]:
     """The target's responses to `prompts`, `batch_size` prompts per forward.
 
@@ -118,15 +125,22 @@ def generate_responses(
     Args:
         model: a `DecoderLM` (its device and dtype are used).
         prompts: token ids per prompt (each non-empty).
+        temperature: 0 = greedy; one number for every prompt or one per prompt.
         deadline: `time.perf_counter()` value after which no new batch starts; prompts not
             reached get None.
         cuda_graph: replay the decode forward from a CUDA graph (CUDA only; checked against
             the eager forward once, eager on any failure).
+        on_batch: called with the responses so far (None = not yet generated) after every
+            batch, e.g. to save them so that a later call can resume.
     Returns:
         responses in the order of `prompts` (None = not generated before the deadline).
     """
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0")
+    temps = [float(temperature)] * len(prompts) if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
+    if len(temps) != len(prompts):
+        raise ValueError(f"{len(temps)} temperatures for {len(prompts)} prompts; give one number or one per prompt")
+    bad = [t for t in temps if not t >= 0]
+    if bad:
+        raise ValueError(f"temperature={bad[0]} must be >= 0")
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} and batch_size={batch_size} must be >= 1")
     if any(len(p) == 0 for p in prompts):
@@ -153,7 +167,7 @@ def generate_responses(
     )
     eos = torch.tensor(sorted(set(eos_token_ids)) or [-1], device=device)
     generator = None
-    if temperature > 0:
+    if any(t > 0 for t in temps):
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
     chunks = [order[i : i + bs] for i in range(0, len(order), bs)]
@@ -176,17 +190,20 @@ def generate_responses(
         for s, i in enumerate(chunk):
             tokens[s, : lens[s]] = torch.tensor(prompts[i])
         tokens = tokens.to(device)
+        row_temps = None  # [b] float32, only when a row of this batch samples
+        if any(temps[i] > 0 for i in chunk):
+            row_temps = torch.tensor([temps[i] for i in chunk], dtype=torch.float32, device=device)
         q_len = torch.tensor(lens, dtype=torch.int64, device=device)
         slots = torch.arange(b, device=device)
         batch = prefill_batch(cache, slots, torch.zeros_like(q_len), q_len, T)
         logits = model(tokens, batch.positions, cache, batch, logits_index=(q_len - 1)[:, None]).logits[:, 0]
-        nxt = _pick(logits, temperature, generator)  # [b]
+        nxt = _pick(logits, row_temps, generator)  # [b]
         steps = [nxt]
         done = torch.isin(nxt, eos)
         cache_len = q_len.clone()
         for step in range(1, max_new_tokens):
             logits = step_fn(nxt, cache_len)  # [b, V] float32
-            nxt = torch.where(done, eos[0], _pick(logits, temperature, generator))
+            nxt = torch.where(done, eos[0], _pick(logits, row_temps, generator))
             steps.append(nxt)
             cache_len = cache_len + 1
             done = done | torch.isin(nxt, eos)
@@ -200,6 +217,8 @@ def generate_responses(
             out[i] = resp[:cut]
         if bar is not None:
             bar.update(real)
+        if on_batch is not None:
+            on_batch(out)
     if bar is not None:
         bar.close()
     return out
@@ -274,6 +293,33 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="generate", unit="resp", smoothing=0.1)
 
 
+def _resume_key(encoded: list[list[int]], temps: list[float], max_new_tokens: int, seed: int, eos) -> str:
+    """A fingerprint of what a generation answers and how (prompts' tokens, temperatures, limits)."""
+    h = hashlib.sha1(repr((max_new_tokens, seed, sorted(eos), temps)).encode())
+    for ids in encoded:
+        h.update(repr(ids).encode())
+    return h.hexdigest()
+
+
+def _load_responses(path: Path | None, key: str, n: int) -> list[list[int] | None]:
+    """The saved responses of the generation `key`, or n Nones (no file, or another generation's)."""
+    if path is None or not Path(path).is_file():
+        return [None] * n
+    saved = torch.load(path, weights_only=True)
+    if saved.get("key") != key or len(saved.get("responses", ())) != n:
+        print(f"[specdec.train] {path} holds another generation's responses (other prompts or settings); starting over")
+        return [None] * n
+    return list(saved["responses"])
+
+
+def _save_responses(path: Path, key: str, responses: list[list[int] | None]) -> None:
+    """Write the responses so far atomically (a tmp file, then a rename): a kill mid-write keeps the last."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"key": key, "responses": responses}, tmp)
+    tmp.replace(path)
+
+
 def build_distill_data(
     target,
     prompts: list[Prompt],
@@ -282,18 +328,26 @@ def build_distill_data(
     batch_size: int,
     max_prompt_tokens: int = 512,
     temperature: float = 0.0,
+    variant_temperature: float = 0.8,
     seed: int = 0,
     deadline: float | None = None,
     progress: bool = True,
     cuda_graph: bool = False,
     encode: Callable[[Prompt, object, int | None], list[int]] = encode_prompt,
+    resume_path: Path | None = None,
 ) -> DistillData:
     """Encode `prompts`, let the target answer them, and pack prompt + response sequences.
 
     Prompts longer than `max_prompt_tokens` are dropped; so are prompts not reached before
-    `deadline`. `meta` records counts, settings and the generation time. `encode(prompt,
-    tokenizer, vocab_size) -> ids` turns a prompt into tokens (default `prompts.encode_prompt`;
-    `conversation.encode_any` for data holding multi-turn prompts).
+    `deadline`. A prompt's sampled variants (`Prompt.variant` > 0) are answered at
+    `variant_temperature`, the rest at `temperature`. `meta` records counts, settings and the
+    generation time. `encode(prompt, tokenizer, vocab_size) -> ids` turns a prompt into tokens
+    (default `prompts.encode_prompt`; `conversation.encode_any` for data holding multi-turn prompts).
+
+    With `resume_path`, the responses so far are saved there after every batch (with a key of
+    the prompts' tokens and the generation settings), and a later call with the same prompts and
+    settings answers only the prompts still unanswered: a generation cut by a deadline (or a
+    lost machine) continues where it stopped. meta["resumed"] counts the responses reused.
     """
     start = time.perf_counter()
     encoded, kept = [], []
@@ -302,18 +356,41 @@ def build_distill_data(
         if 0 < len(ids) <= max_prompt_tokens:
             encoded.append(ids)
             kept.append(p)
-    responses = generate_responses(
-        target.model,
-        encoded,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        eos_token_ids=tuple(target.info.eos_token_ids),
-        temperature=temperature,
-        seed=seed,
-        deadline=deadline,
-        progress=progress,
-        cuda_graph=cuda_graph,
-    )
+    if any(p.variant for p in kept) and not variant_temperature > 0:
+        raise ValueError(f"variant_temperature={variant_temperature} must be > 0: sampled variants of a prompt "
+                         f"answered greedily would repeat its answer")
+    temps = [variant_temperature if p.variant else temperature for p in kept]
+    key = _resume_key(encoded, temps, max_new_tokens, seed, target.info.eos_token_ids)
+    responses = _load_responses(resume_path, key, len(encoded))
+    resumed = sum(r is not None for r in responses)
+    todo = [i for i, r in enumerate(responses) if r is None]
+
+    last_save = [time.perf_counter()]
+
+    def save(new: list[list[int] | None], every_s: float = SAVE_EVERY_S) -> None:
+        for i, r in zip(todo, new):
+            responses[i] = r
+        if resume_path is not None and time.perf_counter() - last_save[0] >= every_s:
+            _save_responses(resume_path, key, responses)
+            last_save[0] = time.perf_counter()
+
+    if todo:
+        if resumed:
+            print(f"[specdec.train] resuming generation: {resumed} of {len(encoded)} prompts already answered")
+        new = generate_responses(
+            target.model,
+            [encoded[i] for i in todo],
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            eos_token_ids=tuple(target.info.eos_token_ids),
+            temperature=[temps[i] for i in todo],
+            seed=seed + resumed,  # a resumed call draws other samples than the first call's first batches
+            deadline=deadline,
+            progress=progress,
+            cuda_graph=cuda_graph,
+            on_batch=save if resume_path is not None else None,
+        )
+        save(new, every_s=0.0)
     seqs, prompt_lens, kinds = [], [], []
     for ids, resp, p in zip(encoded, responses, kept):
         if resp:
@@ -325,8 +402,11 @@ def build_distill_data(
         prompts_asked=len(prompts),
         prompts_too_long=len(prompts) - len(kept),
         prompts_not_reached=sum(r is None for r in responses),
+        resumed=resumed,
+        variants=sum(1 for p in kept if p.variant),
         max_new_tokens=max_new_tokens,
         temperature=temperature,
+        variant_temperature=variant_temperature,
         seed=seed,
         batch_size=batch_size,
         seconds=round(seconds, 2),

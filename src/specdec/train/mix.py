@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .prompts import ROOTS, Prompt, sample_prompts
 
@@ -207,10 +207,11 @@ def normalize(text: str) -> str:
 
 
 def dedup(prompts: list[Prompt]) -> list[Prompt]:
-    """`prompts` without the later ones whose `normalize`d text was already seen (order kept)."""
+    """`prompts` without the later ones whose `normalize`d text and variant were already seen
+    (order kept): a sampled variant of a prompt is not a duplicate of its greedy original."""
     seen, out = set(), []
     for p in prompts:
-        key = normalize(p.text)
+        key = (normalize(p.text), p.variant)
         if key not in seen:
             seen.add(key)
             out.append(p)
@@ -321,17 +322,29 @@ def header_prompts(split: str) -> list[Prompt]:
     return out
 
 
-def family_prompts(family: str, split: str, n: int, seed: int = 0) -> list[Prompt]:
-    """`n` prompts (fewer if the family runs dry) of one templated family and split, seeded order."""
+def family_prompts(family: str, split: str, n: int, seed: int = 0, variants: int = 1) -> list[Prompt]:
+    """`n` prompts (fewer if the family runs dry) of one templated family and split, seeded order.
+
+    instruct and header have a fixed number of (topic, template) pairs; with ``variants > 1``
+    each pair may come back up to ``variants - 1`` more times as a sampled variant
+    (`Prompt.variant`), every distinct prompt once before any repeat. math draws new numbers
+    instead, so it never repeats.
+    """
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is unknown; allowed: {list(FAMILIES)}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n={n!r} must be an int >= 0")
+    _check_variants(variants)
     if family == "math":
         return math_prompts(split, n, seed)
     pool = dedup(instruct_prompts(split) if family == "instruct" else header_prompts(split))
     random.Random(f"specdec-mix-{family}:{seed}:{split}").shuffle(pool)
-    return pool[:n]
+    return [replace(p, variant=v) for v in range(variants) for p in pool][:n]
+
+
+def _check_variants(variants) -> None:
+    if isinstance(variants, bool) or not isinstance(variants, int) or variants < 1:
+        raise ValueError(f"variants={variants!r} must be an int >= 1 (1: every prompt once, greedy)")
 
 
 # --------------------------------------------------------------------------- the training mix
@@ -345,6 +358,10 @@ class MixConfig:
     source: prompts from Python source files (`prompts.sample_prompts`, their own kind mix);
     instruct / math / header: the templated families; self_instruct: requests the target writes
     from instruct seeds; multi_turn: conversations the target continues (both need `generate`).
+    max_variants: how many times an instruct or header prompt may appear (its greedy answer,
+    then sampled ones, `Prompt.variant`) before the rest of its share goes to source prompts:
+    these families have a few hundred distinct prompts, far fewer than their share of a
+    20000-prompt mix.
     """
 
     source: float = 0.40
@@ -355,6 +372,7 @@ class MixConfig:
     multi_turn: float = 0.10
     roots: tuple[str, ...] = ROOTS
     turns: tuple[int, ...] = (2, 3)
+    max_variants: int = 6
     exclude_texts: frozenset[str] = field(default_factory=frozenset)  # normalized texts never to train on
 
     def shares(self) -> dict[str, float]:
@@ -379,8 +397,9 @@ def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig
                generate: Generate | None = None) -> list[Prompt]:
     """About `n` distinct prompts of `split` in the shares of `config`, seeded.
 
-    Templated families that run dry (instruct and header have a fixed number of pairs) leave
-    their rest to the source prompts; self-instruct then makes several tries per seed. Without `generate`, the self-instruct and multi-turn
+    Templated families that run dry (instruct and header have a fixed number of pairs) repeat
+    as sampled variants up to `config.max_variants` times, then leave their rest to the source
+    prompts; self-instruct then makes several tries per seed. Without `generate`, the self-instruct and multi-turn
     shares also go to the source prompts. Texts in `config.exclude_texts` (e.g. the frozen
     evaluation set, normalized) never come back.
     """
@@ -390,7 +409,7 @@ def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig
     counts = _counts(n, config.shares())
     out: list[Prompt] = []
     for family in FAMILIES:
-        out += family_prompts(family, split, counts[family], seed)
+        out += family_prompts(family, split, counts[family], seed, variants=config.max_variants)
     if generate is not None:
         from .expand import build_conversations, self_instruct
 

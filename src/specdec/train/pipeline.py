@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import platform
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -139,7 +140,9 @@ def _mix_config(args):
     if shares:  # the named shares are the whole mix
         shares = {f: shares.get(f, 0.0) for f in fields}
     frozen = frozen_category_prompts() + frozen_heldout_prompts()
-    return MixConfig(**shares, roots=tuple(args.roots.split(",")), exclude_texts=frozenset(normalize(p.text) for p in frozen))
+    return MixConfig(**shares, roots=tuple(args.roots.split(",")),
+                     max_variants=getattr(args, "max_variants", MixConfig.max_variants),
+                     exclude_texts=frozenset(normalize(p.text) for p in frozen))
 
 
 def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"):
@@ -150,7 +153,9 @@ def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"
                                seed=args.seed, cuda_graph=args.gen_cuda_graph != "off")
     if split == "train":
         return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate)
-    config = _mix_config(args)
+    from dataclasses import replace
+
+    config = replace(_mix_config(args), max_variants=1)  # validation: greedy answers to distinct prompts only
     prompts = sample_mix(n, args.seed + VAL_SEED_OFFSET, split=split, config=config, generate=generate)
     from .mix import normalize
 
@@ -171,7 +176,11 @@ def _data_settings(args) -> dict:
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed, roots=args.roots,
     )
     if getattr(args, "data_mix", "source") == "diverse":  # only then, so caches made before the flag existed stay valid
-        settings.update(data_mix="diverse", mix_shares=getattr(args, "mix_shares", None))
+        from .mix import MixConfig
+
+        settings.update(data_mix="diverse", mix_shares=getattr(args, "mix_shares", None),
+                        max_variants=getattr(args, "max_variants", MixConfig.max_variants),
+                        variant_temperature=getattr(args, "variant_temperature", None))
     return settings
 
 
@@ -213,39 +222,78 @@ def load_or_make_val_data(args, target, work: Path, phases: Phases):
 
 
 def load_or_make_data(args, target, work: Path, phases: Phases):
-    """<work>/data.pt when it was made with the same settings, else prompts -> the target's responses."""
+    """<work>/data.pt when it was made with the same settings, else prompts -> the target's responses.
+
+    Generation resumes: the prompts are kept in <work>/prompts.jsonl and the responses so far in
+    <work>/responses.pt, so a call killed mid-generation (time limit, lost machine) continues where
+    it stopped, and ``--continue-generation`` answers the prompts a ``--gen-minutes`` deadline left
+    unanswered in a finished data.pt (its training checkpoint, made on less data, is set aside).
+    ``--regenerate`` starts over.
+    """
     from .distill import DistillData, build_distill_data
-    from .prompts import sample_prompts
 
     settings = _data_settings(args)
     diverse = getattr(args, "data_mix", "source") == "diverse"
-    path = work / "data.pt"
-    if path.is_file() and not args.regenerate:
+    path, responses = work / "data.pt", work / "responses.pt"
+    if args.regenerate:
+        responses.unlink(missing_ok=True)
+    elif path.is_file():
         data = DistillData.load(path)
-        if data.meta.get("settings") == settings:
+        more = getattr(args, "continue_generation", False) and data.meta.get("prompts_not_reached", 0) > 0
+        if data.meta.get("settings") == settings and not more:
             print(f"[specdec.train] reusing {path}: {len(data)} sequences, {data.meta.get('total_tokens')} tokens")
             return data
-        print(f"[specdec.train] {path} was made with other settings; regenerating")
+        if more and data.meta.get("settings") == settings:
+            _set_aside_checkpoint(work, "the data grows")
+        else:
+            print(f"[specdec.train] {path} was made with other settings; regenerating")
     if diverse:
         from .conversation import build_mix_distill_data as build_distill_data  # noqa: F811 - multi-turn aware
-
-        prompts = phases.run("prompts (diverse mix)", _diverse_prompts, args, target)
-    else:
-        prompts = phases.run("prompts", sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
+    prompts = _cached_prompts(args, target, work, phases, settings, diverse)
     deadline = None if args.gen_minutes is None else time.perf_counter() + 60 * args.gen_minutes
     data = phases.run(
         "generate", build_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
         batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
-        seed=args.seed, deadline=deadline, cuda_graph=args.gen_cuda_graph != "off",
+        variant_temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed, deadline=deadline,
+        cuda_graph=args.gen_cuda_graph != "off", resume_path=responses,
     )
     data.meta["settings"] = settings
     m = data.meta
     secs = max(m["seconds"], 1e-9)
     print(f"[specdec.train] data: {len(data)} sequences ({m['prompts_not_reached']} prompts not reached, "
-          f"{m['prompts_too_long']} too long), {m['response_tokens']} response / {m['total_tokens']} total tokens, "
-          f"{m['response_tokens'] / secs:.0f} generated tok/s")
+          f"{m['prompts_too_long']} too long, {m['resumed']} answered by an earlier call), {m['response_tokens']} "
+          f"response / {m['total_tokens']} total tokens, {m['response_tokens'] / secs:.0f} tok/s (this call's time)")
     data.save(path)
     return data
+
+
+def _cached_prompts(args, target, work: Path, phases: Phases, settings: dict, diverse: bool) -> list:
+    """The training prompts: <work>/prompts.jsonl when made with the same settings (the diverse
+    mix's self-instruct and multi-turn prompts take the target a minute to write), else new ones."""
+    from .prompts import read_prompts, sample_prompts, write_prompts
+
+    path, meta = work / "prompts.jsonl", work / "prompts.settings.json"
+    if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
+        prompts = read_prompts(path)
+        print(f"[specdec.train] reusing {path}: {len(prompts)} prompts")
+        return prompts
+    if diverse:
+        prompts = phases.run("prompts (diverse mix)", _diverse_prompts, args, target)
+    else:
+        prompts = phases.run("prompts", sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
+    write_prompts(prompts, path)
+    meta.write_text(json.dumps(settings, sort_keys=True))
+    return prompts
+
+
+def _set_aside_checkpoint(work: Path, why: str) -> None:
+    """Move <work>/checkpoint to checkpoint.stale (a resumed training would refuse the new data)."""
+    ckpt = work / "checkpoint"
+    if ckpt.exists():
+        stale = work / "checkpoint.stale"
+        shutil.rmtree(stale, ignore_errors=True)
+        ckpt.rename(stale)
+        print(f"[specdec.train] {why}: the training checkpoint made on the old data moved to {stale}; training starts over")
 
 
 def _num(x, fmt: str = ".2f") -> str:
@@ -343,9 +391,12 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
            if getattr(args, "data_mix", "source") == "diverse" else "")
         + f", {len(data)} answered; kinds: {kinds}",
         f"- categories (as in the evaluation table): {categories}",
-        f"- responses: the target's own greedy answers (temperature {data.meta.get('temperature')}), at most "
+        f"- responses: the target's own answers (temperature {data.meta.get('temperature')}; "
+        f"{data.meta.get('variants', 0)} prompts were repeats answered by sampling at temperature "
+        f"{data.meta.get('variant_temperature', '-')}), at most "
         f"{data.meta.get('max_new_tokens')} new tokens; {data.meta.get('response_tokens')} response tokens, "
-        f"{data.meta.get('total_tokens')} tokens with prompts; generated in {data.meta.get('seconds')} s",
+        f"{data.meta.get('total_tokens')} tokens with prompts; generated in {data.meta.get('seconds')} s"
+        + (f" by this call ({data.meta['resumed']} answers from an earlier call)" if data.meta.get("resumed") else ""),
         _validation_line(data, val_data, cfg),
         "",
         "## Head",

@@ -124,12 +124,15 @@ GENERAL_QUESTIONS = [
 @dataclass(frozen=True)
 class Prompt:
     """One prompt. kind: see the module docstring; source: the id the split is decided on;
-    text: the user message (chat) or the raw text to continue (``chat=False``)."""
+    text: the user message (chat) or the raw text to continue (``chat=False``); variant: 0 for
+    the target's greedy answer, k > 0 for the k-th extra answer to the same text, sampled (so a
+    templated family with few distinct prompts can still fill its share of the mix)."""
 
     kind: str
     source: str
     text: str
     chat: bool
+    variant: int = 0
 
 
 @dataclass(frozen=True)
