@@ -2,6 +2,7 @@
 layout and reload bit for bit, a broken d2t is refused, an interrupted run resumes to the same
 head, and the command line writes everything the lead copies off the GPU machine."""
 
+import dataclasses
 import json
 
 import pytest
@@ -110,6 +111,52 @@ def test_an_interrupted_run_resumes_to_the_same_head(target, data, tmp_path):
     other = make_data(target, n=8, seed=5)
     with pytest.raises(ValueError, match="other data"):
         train_eagle3(target, other, cfg, work_dir=tmp_path / "b", progress=False)
+
+
+def test_the_schedule_fits_the_time_budget_after_the_slow_first_steps(target, data, tmp_path, monkeypatch):
+    """A fake clock: steps 0-9 take 3 s, later ones 1 s; budget 60 s, 200 steps planned. The first
+    fit (steps 3-7 at 3 s/step) plans 19 steps; the refit (steps 7-15, 1.75 s/step) 28, which end
+    at 48 s. A fit on the first steps alone would stop at 19 steps and 39 s (on the H200 it left 30-45%
+    of the budget unused)."""
+    from specdec.train import trainer
+
+    class Clock:
+        t, steps = 0.0, 0
+
+        def perf_counter(self):
+            return self.t
+
+    clock, real_collate = Clock(), trainer.collate
+
+    def timed_collate(*args, **kwargs):
+        clock.t += 3.0 if clock.steps < 10 else 1.0
+        clock.steps += 1
+        return real_collate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "time", clock)
+    monkeypatch.setattr(trainer, "collate", timed_collate)
+    monkeypatch.setattr(trainer, "PROBE_STEPS", 4)
+    monkeypatch.setattr(trainer, "REFIT_STEPS", 8)
+    cfg = TrainConfig(max_steps=200, max_minutes=1.0, **{**TINY, "val_fraction": 0.0, "val_every": 1000})
+    result = train_eagle3(target, data, cfg, work_dir=tmp_path, progress=False)
+    assert result.steps == 28 and not result.stopped_early and clock.t == 48.0
+    clock.t, clock.steps = 0.0, 0
+    parts = dataclasses.replace(cfg, fit_schedule=False)  # --no-fit-schedule: the budget only ends this call
+    part = train_eagle3(target, data, parts, work_dir=tmp_path / "parts", progress=False)
+    assert part.steps == 41 and part.stopped_early  # steps 0-9: 30 s, then 1 s each until past 60 s
+    assert trainer.fit_steps(7, 200, 3.0, 39.0) == 19  # what the first fit alone would have run
+    assert trainer.fit_steps(5, 20, 0.1, 1e6) == 20  # never past the planned schedule
+    assert trainer.fit_steps(5, 20, 10.0, 1.0) == 6  # always one more step
+
+
+def test_data_only_stops_after_the_data(target, tmp_path, capsys):
+    out, work = tmp_path / "head", tmp_path / "work"
+    argv = ["eagle3", "--target", str(target.path), "--out", str(out), "--work", str(work), "--num-prompts", "6",
+            "--roots", "stdlib", "--max-new-tokens", "4", "--max-prompt-tokens", "160", "--gen-batch-size", "8",
+            "--data-only"]
+    assert main(argv) == 0
+    assert (work / "data.pt").is_file() and (work / "prompts.jsonl").is_file() and not (work / "checkpoint").exists()
+    assert not (out / "model.safetensors").exists() and "--data-only" in capsys.readouterr().out
 
 
 def test_the_learning_rate_warms_up_then_decays_to_its_floor():

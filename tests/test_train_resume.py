@@ -181,3 +181,38 @@ def test_a_small_family_repeats_as_variants_before_source_files_take_its_share()
     assert kinds["code-short-header"] == 2 * pool  # its whole share, as two variants
     one = Counter(p.kind for p in mix.sample_mix(4 * pool, 0, config=replace(cfg, max_variants=1)))
     assert one["code-short-header"] == pool  # each once: the rest of the share went to source files
+
+
+# --------------------------------------------------------------------------- generation dtype
+def test_the_responses_come_from_a_target_in_the_generation_dtype(tmp_path, monkeypatch):
+    from _chat_tokenizer import save_chat_tokenizer
+    from _tiny_models import make_checkpoint
+
+    from specdec.models import load_target
+    from specdec.train.pipeline import GenerationTarget, Phases, generation_dtype, load_or_make_data
+
+    make_checkpoint("llama", tmp_path, num_hidden_layers=2, vocab_size=96)
+    save_chat_tokenizer(tmp_path)
+    cpu = torch.device("cpu")
+    assert generation_dtype("auto", "float32", cpu) == "float32"
+    assert generation_dtype("auto", "float32", torch.device("cuda")) == "bfloat16"
+    assert generation_dtype("float16", "float32", cpu) == "float16"
+    with pytest.raises(ValueError, match=r"gen_dtype='int8'; allowed: \['auto', 'float32', 'bfloat16', 'float16'\]"):
+        generation_dtype("int8", "float32", cpu)
+
+    loads = []
+
+    def load(args, device):
+        loads.append(args.dtype)
+        return load_target(tmp_path, device=device, dtype=getattr(torch, args.dtype))
+
+    args = _args(tmp_path, gen_dtype="bfloat16", dtype="float32", num_prompts=4)
+    tgt = load(args, cpu)
+    gen = GenerationTarget(args, tgt, load, cpu, Phases())
+    data = load_or_make_data(args, tgt, tmp_path / "work", Phases(), gen)
+    assert loads == ["float32", "bfloat16"] and data.meta["gen_dtype"] == "bfloat16" and len(data) > 0
+    gen.release()
+    load_or_make_data(args, tgt, tmp_path / "work", Phases(), gen)  # cached data: nothing loaded, nothing generated
+    assert loads == ["float32", "bfloat16"]
+    same = GenerationTarget(_args(tmp_path, gen_dtype="float32"), tgt, load, cpu, Phases())
+    assert same() is tgt and loads == ["float32", "bfloat16"]  # the target's own dtype: no second copy

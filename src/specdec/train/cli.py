@@ -77,7 +77,8 @@ def _train_config(args):
     return TrainConfig(
         draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, prompt_weight=args.prompt_weight,
         epochs=args.epochs, max_steps=args.steps, batch_tokens=args.batch_tokens, max_len=args.max_len, lr=args.lr,
-        warmup_steps=args.warmup, seed=args.seed, max_minutes=args.max_minutes, log_every=args.log_every,
+        warmup_steps=args.warmup, seed=args.seed, max_minutes=args.max_minutes,
+        fit_schedule=not getattr(args, "no_fit_schedule", False), log_every=args.log_every,
         val_every=args.val_every, fc_norm=not args.no_fc_norm, capture_layers=layers, compile=args.compile,
         early_stop_patience=getattr(args, "early_stop_patience", None),
         val_fraction=getattr(args, "val_fraction", TrainConfig.val_fraction),
@@ -208,8 +209,15 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gen-batch-size", type=int, default=256)
     g.add_argument("--gen-minutes", type=float, default=None, help="stop starting new generation batches after this")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
+    g.add_argument("--gen-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="dtype of the target that writes the responses (only that: the training labels come from the "
+                        "teacher forward in --dtype, the evaluation runs in --dtype); auto: bfloat16 on CUDA, where "
+                        "float32 matmuls without TF32 bound the generation, --dtype elsewhere")
     g.add_argument("--gen-cuda-graph", choices=("auto", "off"), default="auto",
                    help="auto: replay the decode forward from a CUDA graph on CUDA (checked once, eager on failure)")
+    g.add_argument("--data-only", action="store_true",
+                   help="stop after the data (generated or resumed, and the validation data): a call of its own, "
+                        "before the calls that train")
     g.add_argument("--regenerate", action="store_true",
                    help="ignore <work>/data.pt and the responses saved so far (generation resumes otherwise)")
     g.add_argument("--continue-generation", action="store_true",
@@ -226,6 +234,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float, default=6e-4)
     g.add_argument("--warmup", type=int, default=40)
     g.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the training phase")
+    g.add_argument("--no-fit-schedule", action="store_true",
+                   help="keep the --steps/--epochs schedule: --max-minutes then only ends this call (checkpointed) "
+                        "and the next call resumes it, so one training runs over several calls (default: the schedule "
+                        "is shortened to end within --max-minutes)")
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--val-every", type=int, default=100)
     g.add_argument("--val-fraction", type=float, default=0.02,

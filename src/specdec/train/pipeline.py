@@ -184,11 +184,12 @@ def _data_settings(args) -> dict:
     return settings
 
 
-def load_or_make_val_data(args, target, work: Path, phases: Phases):
+def load_or_make_val_data(args, target, work: Path, phases: Phases, generation_target: Callable | None = None):
     """The held-out validation data (``--data-mix diverse`` with ``--val-prompts N > 0``):
     <work>/val_data.pt when made with the same settings, else `heldout_val_prompts` (also written
     to <work>/val_prompts.jsonl) -> the target's responses with the training data's settings.
-    None without the diverse mix or with ``--val-prompts 0`` (validation on a share of the training data)."""
+    None without the diverse mix or with ``--val-prompts 0`` (validation on a share of the training data).
+    generation_target() gives the target that generates (default `target`; `GenerationTarget`)."""
     n = getattr(args, "val_prompts", 0) or 0
     if getattr(args, "data_mix", "source") != "diverse" or n == 0:
         return None
@@ -204,10 +205,11 @@ def load_or_make_val_data(args, target, work: Path, phases: Phases):
             print(f"[specdec.train] reusing {path}: {len(data)} held-out validation sequences")
             return data
         print(f"[specdec.train] {path} was made with other settings; regenerating")
-    prompts = phases.run("validation prompts (held-out split of the diverse mix)", heldout_val_prompts, args, target)
+    gen = generation_target() if generation_target is not None else target
+    prompts = phases.run("validation prompts (held-out split of the diverse mix)", heldout_val_prompts, args, gen)
     write_prompts(prompts, work / "val_prompts.jsonl")
     data = phases.run(
-        "generate validation", build_mix_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
+        "generate validation", build_mix_distill_data, gen, prompts, max_new_tokens=args.max_new_tokens,
         batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
         seed=args.seed, cuda_graph=args.gen_cuda_graph != "off",
     )
@@ -221,14 +223,15 @@ def load_or_make_val_data(args, target, work: Path, phases: Phases):
     return data
 
 
-def load_or_make_data(args, target, work: Path, phases: Phases):
+def load_or_make_data(args, target, work: Path, phases: Phases, generation_target: Callable | None = None):
     """<work>/data.pt when it was made with the same settings, else prompts -> the target's responses.
 
     Generation resumes: the prompts are kept in <work>/prompts.jsonl and the responses so far in
     <work>/responses.pt, so a call killed mid-generation (time limit, lost machine) continues where
     it stopped, and ``--continue-generation`` answers the prompts a ``--gen-minutes`` deadline left
     unanswered in a finished data.pt (its training checkpoint, made on less data, is set aside).
-    ``--regenerate`` starts over.
+    ``--regenerate`` starts over. generation_target() gives the target that generates (default
+    `target`; `GenerationTarget` loads it in ``--gen-dtype`` only when something is generated).
     """
     from .distill import DistillData, build_distill_data
 
@@ -249,15 +252,17 @@ def load_or_make_data(args, target, work: Path, phases: Phases):
             print(f"[specdec.train] {path} was made with other settings; regenerating")
     if diverse:
         from .conversation import build_mix_distill_data as build_distill_data  # noqa: F811 - multi-turn aware
-    prompts = _cached_prompts(args, target, work, phases, settings, diverse)
+    gen = generation_target() if generation_target is not None else target
+    prompts = _cached_prompts(args, gen, work, phases, settings, diverse)
     deadline = None if args.gen_minutes is None else time.perf_counter() + 60 * args.gen_minutes
     data = phases.run(
-        "generate", build_distill_data, target, prompts, max_new_tokens=args.max_new_tokens,
+        "generate", build_distill_data, gen, prompts, max_new_tokens=args.max_new_tokens,
         batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
         variant_temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed, deadline=deadline,
         cuda_graph=args.gen_cuda_graph != "off", resume_path=responses,
     )
     data.meta["settings"] = settings
+    data.meta["gen_dtype"] = str(next(gen.model.parameters()).dtype).removeprefix("torch.")
     m = data.meta
     secs = max(m["seconds"], 1e-9)
     print(f"[specdec.train] data: {len(data)} sequences ({m['prompts_not_reached']} prompts not reached, "
@@ -438,6 +443,47 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
     (out / "TRAINING.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+class GenerationTarget:
+    """The target that self-distils: `target` itself, or (``--gen-dtype`` other than the target's
+    dtype, e.g. bfloat16 on CUDA, where float32 matmuls without TF32 bound the generation) a
+    second copy loaded in that dtype on first use and released once the data exists. Only the
+    responses come from it; the training labels are the teacher forward's, of `target`."""
+
+    def __init__(self, args, target, load_target: Callable, device: torch.device, phases: Phases):
+        self.target, self.phases, self.device, self.load_target = target, phases, device, load_target
+        self.args = args
+        self.dtype = generation_dtype(getattr(args, "gen_dtype", "auto"), getattr(args, "dtype", "float32"), device)
+        self._loaded = None
+
+    def __call__(self):
+        if str(next(self.target.model.parameters()).dtype).removeprefix("torch.") == self.dtype:
+            return self.target
+        if self._loaded is None:
+            import argparse
+
+            args = argparse.Namespace(**{**vars(self.args), "dtype": self.dtype})
+            self._loaded = self.phases.run(f"load target ({self.dtype}, generation)", self.load_target, args, self.device)
+        return self._loaded
+
+    def release(self) -> None:
+        self._loaded = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+GEN_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def generation_dtype(gen_dtype: str, dtype: str, device: torch.device) -> str:
+    """``--gen-dtype`` resolved: auto is bfloat16 on CUDA and the target's ``--dtype`` elsewhere
+    (a CPU has no fast bfloat16 matmul)."""
+    if gen_dtype not in GEN_DTYPES:
+        raise ValueError(f"gen_dtype={gen_dtype!r}; allowed: {list(GEN_DTYPES)}")
+    if gen_dtype != "auto":
+        return gen_dtype
+    return "bfloat16" if device.type == "cuda" else dtype
+
+
 def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_config, eval_prompts) -> int:
     """Data -> training (resumable) -> bf16 head + log, curves, TRAINING.md -> optional eval.
 
@@ -456,8 +502,14 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # keep float32 generation exact; training uses bf16 autocast
     target = phases.run("load target", load_target, args, device)
-    data = load_or_make_data(args, target, work, phases)
-    val_data = load_or_make_val_data(args, target, work, phases)
+    generation_target = GenerationTarget(args, target, load_target, device, phases)
+    data = load_or_make_data(args, target, work, phases, generation_target)
+    val_data = load_or_make_val_data(args, target, work, phases, generation_target)
+    generation_target.release()
+    if getattr(args, "data_only", False):
+        print(f"[specdec.train] --data-only: {len(data)} sequences in {work / 'data.pt'}"
+              + (f", {len(val_data)} validation sequences" if val_data is not None else "") + "; no training")
+        return 0
     cfg = train_config(args)
     if val_data is not None:  # every training sequence trains (as the trainers do with val_data=), and the record says so
         from dataclasses import replace
