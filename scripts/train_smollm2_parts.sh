@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Train a SmolLM2 head (EAGLE-3, or MTP with HEAD=mtp) on the diverse mix in PARTS, each one
+# call of at most ~9 minutes on the GPU machine, back to back (the machine keeps $WORK while
+# warm: 30 s between calls). One command per part:
+#
+#   scripts/train_smollm2_parts.sh data   OUT_DIR   # prompts + bf16 self-distillation, GEN_MINUTES (6)
+#   scripts/train_smollm2_parts.sh more   OUT_DIR   # optional: answer what `data` left, GEN_MINUTES more
+#   scripts/train_smollm2_parts.sh train  OUT_DIR   # TRAIN_MINUTES (8.5) of a fixed STEPS schedule, checkpointed
+#   scripts/train_smollm2_parts.sh finish OUT_DIR   # resume to the schedule's end (or TRAIN_MINUTES), export,
+#                                                    # evaluate on the per-category held-out set (EVAL_PROMPTS each)
+#   scripts/train_smollm2_parts.sh eval   OUT_DIR   # the finished head on the frozen held-out set (the old one)
+#
+# A killed `data` call resumes where it stopped (<work>/responses.pt); `train` and `finish` resume
+# <work>/checkpoint. STEPS is the whole schedule (default 4800: two parts at ~210 ms/step on the
+# H200, 32k-token batches); extra flags go to `python -m specdec.train` after the defaults.
+set -euo pipefail
+stage="${1:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval OUT_DIR [extra flags]}"
+out="${2:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval OUT_DIR [extra flags]}"
+shift 2
+head="${HEAD:-eagle3}"
+work="${WORK:-/tmp/specdec-train-smollm2-$head}"
+steps="${STEPS:-4800}"
+gen_minutes="${GEN_MINUTES:-6}"
+train_minutes="${TRAIN_MINUTES:-8.5}"
+eval_prompts="${EVAL_PROMPTS:-16}"
+if ! python -c "import specdec.kernels, specdec.train" 2>/dev/null; then
+  echo "specdec is not importable here (on the GPU machine: source scripts/gpu_setup.sh)" >&2
+  exit 1
+fi
+data=(--data-mix diverse --num-prompts 60000 --max-new-tokens 192 --max-prompt-tokens 384
+      --gen-batch-size 1024 --gen-dtype auto --max-variants 8 --val-prompts 384)
+train=(--ttt-steps 7 --batch-tokens 32768 --steps "$steps" --lr 8e-4 --warmup 100
+       --log-every 20 --val-every 200 --no-fit-schedule)
+[ "$head" = eagle3 ] && train+=(--draft-vocab-size 4096)
+run() { python -m specdec.train "$head" --target smollm2 --out "$out" --work "$work" "${data[@]}" "${train[@]}" "$@"; }
+case "$stage" in
+  data)   run --gen-minutes "$gen_minutes" --data-only "$@" ;;
+  more)   run --gen-minutes "$gen_minutes" --continue-generation --data-only "$@" ;;
+  train)  run --max-minutes "$train_minutes" "$@" ;;
+  finish) run --max-minutes "$train_minutes" --eval --eval-source categories --eval-prompts "$eval_prompts" \
+            --eval-batch-size 16 --eval-max-new-tokens 128 "$@" ;;
+  eval)   python -m specdec.train eval --target smollm2 --head "$out" --drafter "$head" --eval-source frozen \
+            --eval-batch-size 16 --eval-max-new-tokens 128 --json "$out/eval_frozen.json" "$@" ;;
+  *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval" >&2; exit 2 ;;
+esac
