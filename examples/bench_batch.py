@@ -137,8 +137,32 @@ class PhaseClock:
         delattr(self.engine, self.method)
 
 
+def timed_run(dec, batch, params, device) -> dict:
+    """One timed `generate` of `batch` on a warm decoder: tok/s, tau, and its time split into
+    steps / prefill (admission) / other."""
+    engine = dec.engine
+    prefill = PhaseClock(engine, "_advance_prefills")  # host time admitting prompts (ends in a sync per prompt)
+    steps_before = engine.step_times.seconds
+    with TimedRegion() as region:
+        sync(device)
+        t0 = time.perf_counter()
+        results = dec.generate(batch, params, progress=False)
+        sync(device)
+        seconds = time.perf_counter() - t0
+    prefill.stop()
+    step_s = engine.step_times.seconds - steps_before
+    tokens = sum(len(r.token_ids) for r in results)
+    steps = sum(r.stats.steps for r in results)
+    return dict(tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
+                tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1),
+                step_s=step_s, prefill_s=prefill.seconds, other_s=seconds - step_s - prefill.seconds,
+                decode_tok_s=(tokens - len(results)) / step_s if step_s else float("nan"),  # tokens the steps made
+                gc_ms=region.gc_ms, gc_collections=region.collections)
+
+
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
-    """Output tok/s of one decoder kind at batch B on max(2B, --min-requests) prompts (warm-up not timed)."""
+    """Output tok/s of one decoder kind at batch B on max(2B, --min-requests) prompts (warm-up not
+    timed): the median of --repeats timed runs on the same warm decoder."""
     base = SpecConfig(max_batch_size=B, max_seq_len=args.max_seq_len, compile=args.compile, cuda_graphs=args.cuda_graphs)
     if kind == "target-only":
         config, draft = base.replace(drafter="none"), None
@@ -154,32 +178,20 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     warm_s = warm_up(dec, batch, [B], device)  # every setup, the baseline included, warm before timing
     rule = dec.engine.adaptive_rule
     decision_log = DecisionLog()
-    if rule is not None:  # count the timed run's decisions only (the estimates stay warm)
+    if rule is not None:  # count the timed runs' decisions only (the estimates stay warm)
         rule.decisions, rule.probes = {True: 0, False: 0}, 0
         dec.add_observer(decision_log)
-    engine = dec.engine
-    prefill = PhaseClock(engine, "_advance_prefills")  # host time admitting prompts (ends in a sync per prompt)
-    steps_before = engine.step_times.seconds
-    with TimedRegion() as region:
-        sync(device)
-        t0 = time.perf_counter()
-        results = dec.generate(batch, params, progress=False)
-        sync(device)
-        seconds = time.perf_counter() - t0
-    prefill.stop()
-    step_s = engine.step_times.seconds - steps_before
-    tokens = sum(len(r.token_ids) for r in results)
-    steps = sum(r.stats.steps for r in results)
+    runs = [timed_run(dec, batch, params, device) for _ in range(args.repeats)]
+    med = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]  # the median run (its own breakdown)
     decisions = None if rule is None else dict(speculative=rule.decisions[True], plain=rule.decisions[False], probes=rule.probes)
-    row = dict(kind=kind, batch=B, tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
-               tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1), warmup_s=warm_s,
+    row = dict(kind=kind, batch=B, **med, warmup_s=warm_s, repeats=len(runs),
+               tok_s_runs=[r["tok_s"] for r in runs],
                decisions=decisions, costs=None if rule is None else rule.costs.table(),
-               decision_summary=decision_log.summary() if rule is not None else None,
-               step_s=step_s, prefill_s=prefill.seconds, other_s=seconds - step_s - prefill.seconds,
-               decode_tok_s=(tokens - len(results)) / step_s if step_s else float("nan"),  # tokens the steps made
-               gc_ms=region.gc_ms, gc_collections=region.collections)
-    log(f"  {kind}: {seconds:.2f} s = steps {step_s:.2f} + prefill {prefill.seconds:.2f} + other {row['other_s']:.2f}; "
-        f"decode {row['decode_tok_s']:.0f} tok/s; gc {region.collections} collections, {region.gc_ms:.1f} ms")
+               decision_summary=decision_log.summary() if rule is not None else None)
+    spread = f"runs {min(row['tok_s_runs']):.0f}-{max(row['tok_s_runs']):.0f} tok/s" if len(runs) > 1 else ""
+    log(f"  {kind}: median of {len(runs)}: {med['seconds']:.2f} s = steps {med['step_s']:.2f} + prefill "
+        f"{med['prefill_s']:.2f} + other {med['other_s']:.2f}; decode {med['decode_tok_s']:.0f} tok/s; gc "
+        f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
     for d in row["decision_summary"] or []:
         log(f"  adaptive bucket {d['bucket']:>3} {d['variant']:<11} steps {d['steps']:>4} (probes {d['probes']:>3}) "
             f"predicted {d['predicted_tok_s']:8.1f} tok/s, measured {d['measured_tok_s']:8.1f} tok/s (step tokens / step seconds)")
@@ -199,10 +211,15 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=None)
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--min-requests", type=int, default=None, help="requests per batch size at least (default 16; --quick 2)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs per setup and batch size; the median run is reported (a batch-4 run of SmolLM2 "
+                        "takes ~0.3 s on the H200, where one run's noise moved the ratios by 10-20%%)")
     p.add_argument("--compile", default="auto")
     p.add_argument("--cuda-graphs", default="auto")
     p.add_argument("--out", default=None, help="JSON lines of every row")
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats} is out of range; allowed: an int >= 1")
     for name in ("compile", "cuda_graphs"):
         value = getattr(args, name)
         setattr(args, name, {"on": True, "off": False, "true": True, "false": False}.get(value, value))
