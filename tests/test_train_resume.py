@@ -8,12 +8,15 @@ from dataclasses import replace
 
 import pytest
 import torch
+from _train_tiny import make_target, one_thread, reference_ops
 
 from specdec.train import distill, mix
-from specdec.train.distill import DistillData, _pick, build_distill_data, generate_responses
+from specdec.train.distill import (
+    _pick,
+    build_distill_data,
+    generate_responses,
+)
 from specdec.train.prompts import Prompt
-
-from _train_tiny import make_target, one_thread, reference_ops
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -189,7 +192,12 @@ def test_the_responses_come_from_a_target_in_the_generation_dtype(tmp_path, monk
     from _tiny_models import make_checkpoint
 
     from specdec.models import load_target
-    from specdec.train.pipeline import GenerationTarget, Phases, generation_dtype, load_or_make_data
+    from specdec.train.pipeline import (
+        GenerationTarget,
+        Phases,
+        generation_dtype,
+        load_or_make_data,
+    )
 
     make_checkpoint("llama", tmp_path, num_hidden_layers=2, vocab_size=96)
     save_chat_tokenizer(tmp_path)
