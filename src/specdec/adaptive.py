@@ -43,6 +43,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
 
 __all__ = ["AdaptiveRule", "Decision", "DecisionLog", "DepthAcceptance", "StepCosts", "SPECULATIVE", "PLAIN", "DEFERRED"]
 
@@ -72,6 +74,8 @@ class DepthAcceptance:
         self.prior = prior
         self.reached = [0.0] * depth  # [D] decayed count of steps that drafted depth d with d - 1 accepted
         self.accepted = [0.0] * depth  # [D] of those, the ones that accepted depth d
+        self._ps: list[float] | None = None  # p(1..D), cached until the next observation (the pool's is read
+        # once per request per step: recomputing it made the rule ~0.25 ms of host time per step at batch 64)
 
     def observe(self, accept_length: int, depth_limit: int) -> None:
         """One speculative step that drafted up to `depth_limit` and accepted `accept_length`."""
@@ -81,22 +85,28 @@ class DepthAcceptance:
         for d in range(min(accept_length + 1, depth_limit)):  # depths 1 .. a+1 were tried
             self.reached[d] = self.forget * self.reached[d] + 1.0
             self.accepted[d] = self.forget * self.accepted[d] + (1.0 if d < accept_length else 0.0)
+        self._ps = None
+
+    def probabilities(self) -> list[float]:
+        """[p(1), ..., p(D)]: acceptance at each depth given the depth above was accepted."""
+        if self.prior is not None:  # the prior may have moved since the last call: read it again
+            return [(a + q) / (r + 1.0) for a, q, r in zip(self.accepted, self.prior.probabilities(), self.reached)]
+        if self._ps is None:
+            ps: list[float] = []
+            for d in range(self.depth):
+                # optimistic before any evidence; a depth never reached is presumed like the one above it
+                prior = 1.0 if d == 0 else ps[d - 1]
+                ps.append((self.accepted[d] + prior) / (self.reached[d] + 1.0))
+            self._ps = ps
+        return self._ps
 
     def p(self, d: int) -> float:
         """Acceptance at depth d (1-based) given depth d - 1 was accepted."""
-        if self.prior is not None:
-            prior = self.prior.p(d)
-        else:  # optimistic before any evidence; a depth never reached is presumed like the one above it
-            prior = 1.0 if d == 1 else self.p(d - 1)
-        return (self.accepted[d - 1] + prior) / (self.reached[d - 1] + 1.0)
+        return self.probabilities()[d - 1]
 
     def expected_tokens(self, depth_limit: int) -> float:
         """Tokens a speculative step emits in expectation: the accepted drafts plus the bonus."""
-        total, survive = 1.0, 1.0
-        for d in range(1, depth_limit + 1):
-            survive *= self.p(d)
-            total += survive
-        return total
+        return 1.0 + sum(accumulate(self.probabilities()[:depth_limit], mul))
 
 
 @dataclass
