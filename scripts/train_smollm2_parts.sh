@@ -6,22 +6,26 @@
 #   scripts/train_smollm2_parts.sh data   OUT_DIR   # prompts + bf16 self-distillation, GEN_MINUTES (6)
 #   scripts/train_smollm2_parts.sh more   OUT_DIR   # optional: answer what `data` left, GEN_MINUTES more
 #   scripts/train_smollm2_parts.sh train  OUT_DIR   # TRAIN_MINUTES (8.5) of a fixed STEPS schedule, checkpointed
-#   scripts/train_smollm2_parts.sh finish OUT_DIR   # resume to the schedule's end (or TRAIN_MINUTES), export,
-#                                                    # evaluate on the per-category held-out set (EVAL_PROMPTS each)
+#                                                    # (run it again for a longer schedule)
+#   scripts/train_smollm2_parts.sh finish OUT_DIR   # resume to the schedule's end (at most FINISH_MINUTES, 6.5,
+#                                                    # so that the evaluation fits in the call), export, evaluate
+#                                                    # on the per-category held-out set (EVAL_PROMPTS each)
 #   scripts/train_smollm2_parts.sh eval   OUT_DIR   # the finished head on the frozen held-out set (the old one)
 #
 # A killed `data` call resumes where it stopped (<work>/responses.pt); `train` and `finish` resume
-# <work>/checkpoint. STEPS is the whole schedule (default 4800: two parts at ~210 ms/step on the
-# H200, 32k-token batches); extra flags go to `python -m specdec.train` after the defaults.
+# <work>/checkpoint. STEPS is the whole schedule (default 4000: train + finish at ~210 ms/step on the
+# H200 with 32k-token batches and a 4096-token draft vocabulary; the 16384 default is slower, the
+# record says whether the schedule ended); extra flags go to `python -m specdec.train` after the defaults.
 set -euo pipefail
 stage="${1:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval OUT_DIR [extra flags]}"
 out="${2:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval OUT_DIR [extra flags]}"
 shift 2
 head="${HEAD:-eagle3}"
 work="${WORK:-/tmp/specdec-train-smollm2-$head}"
-steps="${STEPS:-4800}"
+steps="${STEPS:-4000}"
 gen_minutes="${GEN_MINUTES:-6}"
 train_minutes="${TRAIN_MINUTES:-8.5}"
+finish_minutes="${FINISH_MINUTES:-6.5}"
 eval_prompts="${EVAL_PROMPTS:-16}"
 if ! python -c "import specdec.kernels, specdec.train" 2>/dev/null; then
   echo "specdec is not importable here (on the GPU machine: source scripts/gpu_setup.sh)" >&2
@@ -39,7 +43,7 @@ case "$stage" in
   data)   run --gen-minutes "$gen_minutes" --data-only "$@" ;;
   more)   run --gen-minutes "$gen_minutes" --continue-generation --data-only "$@" ;;
   train)  run --max-minutes "$train_minutes" "$@" ;;
-  finish) run --max-minutes "$train_minutes" --eval --eval-source categories --eval-prompts "$eval_prompts" \
+  finish) run --max-minutes "$finish_minutes" --eval --eval-source categories --eval-prompts "$eval_prompts" \
             --eval-batch-size 16 --eval-max-new-tokens 128 "$@" ;;
   eval)   python -m specdec.train eval --target smollm2 --head "$out" --drafter "$head" --eval-source frozen \
             --eval-batch-size 16 --eval-max-new-tokens 128 --json "$out/eval_frozen.json" "$@" ;;
