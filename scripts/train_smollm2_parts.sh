@@ -37,7 +37,7 @@ train=(--ttt-steps 7 --batch-tokens 32768 --steps "$steps" --lr 8e-4 --warmup 10
        --log-every 20 --val-every 200 --no-fit-schedule)
 # 16384 draft tokens: the shipped 4096 hold 67% of SmolLM2's greedy general-chat tokens and 66% of its
 # multi-turn ones (82% of all; scripts/draft_vocab_coverage.py), and a token outside can never be accepted
-[ "$head" = eagle3 ] && train+=(--draft-vocab-size "${DRAFT_VOCAB:-16384}")
+train+=(--draft-vocab-size "${DRAFT_VOCAB:-16384}")  # mtp: the draft_vocab.safetensors beside the head
 run() { python -m specdec.train "$head" --target smollm2 --out "$out" --work "$work" "${data[@]}" "${train[@]}" "$@"; }
 case "$stage" in
   data)   run --gen-minutes "$gen_minutes" --data-only "$@" ;;

@@ -224,7 +224,9 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
                    help="answer the prompts that --gen-minutes left unanswered in <work>/data.pt (until this call's "
                         "--gen-minutes), then train from scratch on the larger data")
     g = p.add_argument_group("training")
-    g.add_argument("--draft-vocab-size", type=int, default=4096, help="eagle3 only (mtp predicts the full vocabulary)")
+    g.add_argument("--draft-vocab-size", type=int, default=4096,
+                   help="eagle3: the head's output vocabulary; mtp: the draft_vocab.safetensors written beside the head "
+                        "(the most frequent training targets; the MTP head itself is trained on the full vocabulary)")
     g.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (eagle3) / recursion depth trained (mtp)")
     g.add_argument("--prompt-weight", type=float, default=0.1)
     g.add_argument("--epochs", type=float, default=4.0)
