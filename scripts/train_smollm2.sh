@@ -6,10 +6,11 @@
 #
 # Phases (each prints its wall time): load + GGUF conversion (~0.5 min on a fresh machine),
 # prompts from stdlib + site-packages (~0.3 min), self-distillation: the target's greedy
-# answers to up to 20000 prompts in batches of 1024, decode replayed from a CUDA graph
+# answers (written by a bfloat16 copy on CUDA: --gen-dtype auto; the labels stay the float32
+# teacher's) to up to 20000 prompts in batches of 1024, decode replayed from a CUDA graph
 # (checked once against eager; --gen-cuda-graph off to skip; stops starting batches after 2 min),
 # TTT training (7 steps, bf16 autocast, 32k-token batches, up to 20 epochs; the cosine schedule is fitted to
-# at most 5 min after timing the first steps), export, curves, then evaluation (target-only, linear
+# at most 5 min after timing the first steps, and again after 48 more), export, curves, then evaluation (target-only, linear
 # D=5, tree D=6 K=8 N=48; 64 prompts, greedy, 128 new tokens; ~1 min).
 #
 # OUT_DIR receives exactly six small files (the head is ~15 MB in bf16):

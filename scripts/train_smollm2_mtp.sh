@@ -5,7 +5,8 @@
 #   scripts/train_smollm2_mtp.sh OUT_DIR [extra `python -m specdec.train mtp` flags]
 #
 # Same pipeline and budget as scripts/train_smollm2.sh (EAGLE-3): load (~0.5 min), prompts
-# (~0.3 min), self-distillation (stops starting batches after 2 min; the data of an earlier
+# (~0.3 min), self-distillation (a bfloat16 copy of the target writes the responses on CUDA,
+# --gen-dtype auto; stops starting batches after 2 min; the data of an earlier
 # EAGLE-3 run in /tmp/specdec-train-smollm2 is reused when present and made with the same
 # settings), training (MTP-Eagle recursion 7 steps deep on the target's last hidden state,
 # 0.8**k step weights, full-vocabulary soft cross-entropy through the target's frozen lm_head,
