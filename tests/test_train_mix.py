@@ -299,6 +299,12 @@ def test_self_instruct_makes_several_tries_per_seed_when_the_pool_is_small():
     fake = FakeGenerate(lambda c: f"Please answer request number {zlib.crc32(c[-1]['content'].encode())}")
     new = self_instruct(fake, seeds, per_seed=4)
     assert fake.convs == 12 and len(new) == 12  # each try asks differently (its angle)
+    greedy = FakeGenerate(lambda c: f"Please answer request number {zlib.crc32(c[-1]['content'].encode())}")
+    assert len(self_instruct(greedy, seeds, per_seed=9)) == 18 and greedy.convs == 18  # 6 angles: no greedy repeats
+    draws = iter(range(10**6))
+    sampler = FakeGenerate(lambda c: f"Please answer sampled request number {next(draws)}")
+    more = self_instruct(FakeGenerate(greedy.reply), seeds, per_seed=9, sample=sampler)
+    assert len(more) == 27 and sampler.convs == 9  # tries 7-9 of each seed were sampled
     cfg = mix.MixConfig(source=0.0, instruct=0.0, math=0.0, header=0.0, self_instruct=1.0, multi_turn=0.0)
     n = len(mix.instruct_prompts("train")) + 50
     got = mix.sample_mix(n, 0, config=cfg, generate=FakeGenerate(lambda c: f"Request {zlib.crc32(c[-1]['content'].encode())}"))

@@ -72,13 +72,16 @@ def _generate(generate: Generate, convs: list[list[dict]]) -> list[str]:
     return replies
 
 
-def self_instruct(generate: Generate, seeds: list[Prompt], *, per_seed: int = 1, seed: int = 0) -> list[Prompt]:
+def self_instruct(generate: Generate, seeds: list[Prompt], *, per_seed: int = 1, seed: int = 0,
+                  sample: Generate | None = None) -> list[Prompt]:
     """New requests the target writes from `seeds` (chat prompts), `per_seed` tries each (try k
     asks for a different angle, `ANGLES`, so greedy tries differ).
 
-    Replies that `clean_instruction` rejects or that repeat a seed or an earlier reply are
-    dropped. A new prompt keeps its seed's kind and source plus ``|self``, so `mix.split_of`
-    gives it the seed's split: expanding training seeds never yields held-out kinds.
+    Tries past the last angle would repeat a greedy reply: they go to `sample` (a `Generate`
+    that samples) when given, and are not made otherwise. Replies that `clean_instruction`
+    rejects or that repeat a seed or an earlier reply are dropped. A new prompt keeps its seed's
+    kind and source plus ``|self``, so `mix.split_of` gives it the seed's split: expanding
+    training seeds never yields held-out kinds.
     """
     from .mix import dedup, normalize
 
@@ -87,14 +90,20 @@ def self_instruct(generate: Generate, seeds: list[Prompt], *, per_seed: int = 1,
     bad = [p.kind for p in seeds if not p.chat]
     if bad:
         raise ValueError(f"self_instruct needs chat seeds; got kinds {sorted(set(bad))} with chat=False")
-    order = [(p, k) for p in seeds for k in range(per_seed)]
+    tries = per_seed if sample is not None else min(per_seed, len(ANGLES))
+    order = [(p, k) for p in seeds for k in range(tries)]
     random.Random(f"specdec-self-instruct:{seed}").shuffle(order)
-    replies = _generate(generate, [[{"role": "user", "content": INSTRUCT_META.format(seed=p.text, angle=ANGLES[k % len(ANGLES)])}]
-                                   for p, k in order])
+    convs = [[{"role": "user", "content": INSTRUCT_META.format(seed=p.text, angle=ANGLES[k % len(ANGLES)])}]
+             for p, k in order]
+    greedy = [i for i, (_, k) in enumerate(order) if k < len(ANGLES)]
+    sampled = [i for i, (_, k) in enumerate(order) if k >= len(ANGLES)]
+    replies = dict(zip(greedy, _generate(generate, [convs[i] for i in greedy])))
+    if sampled:
+        replies.update(zip(sampled, _generate(sample, [convs[i] for i in sampled])))
     known = {normalize(p.text) for p in seeds}
     out = []
-    for (p, _), reply in zip(order, replies):
-        text = clean_instruction(reply)
+    for i, (p, _) in enumerate(order):
+        text = clean_instruction(replies[i])
         if text is not None and normalize(text) not in known:
             out.append(Prompt(p.kind, p.source + "|self", text, True))
     return dedup(out)

@@ -394,13 +394,14 @@ def _counts(n: int, shares: dict[str, float]) -> dict[str, int]:
 
 
 def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig = MixConfig(),
-               generate: Generate | None = None) -> list[Prompt]:
+               generate: Generate | None = None, sample: Generate | None = None) -> list[Prompt]:
     """About `n` distinct prompts of `split` in the shares of `config`, seeded.
 
     Templated families that run dry (instruct and header have a fixed number of pairs) repeat
     as sampled variants up to `config.max_variants` times, then leave their rest to the source
-    prompts; self-instruct then makes several tries per seed. Without `generate`, the self-instruct and multi-turn
-    shares also go to the source prompts. Texts in `config.exclude_texts` (e.g. the frozen
+    prompts; self-instruct then makes several tries per seed (past its angles through
+    `sample`, a sampling `Generate`, when given). Without `generate`, the self-instruct and
+    multi-turn shares also go to the source prompts. Texts in `config.exclude_texts` (e.g. the frozen
     evaluation set, normalized) never come back.
     """
     _check_split(split)
@@ -418,7 +419,7 @@ def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig
         new = []
         if want and seeds:
             per_seed = -(-want // len(seeds[:want]))  # several tries per seed when the pool is small
-            new = self_instruct(generate, seeds[:want], per_seed=per_seed, seed=seed)[:want]
+            new = self_instruct(generate, seeds[:want], per_seed=per_seed, seed=seed, sample=sample)[:want]
         starts = (seeds + new)[: counts["multi_turn"]]  # conversations open on templated and self-written requests
         out += new + build_conversations(generate, starts, turns=config.turns, seed=seed, split=split)
     out = [p for p in dedup(out) if normalize(p.text) not in config.exclude_texts]

@@ -151,8 +151,11 @@ def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"
 
     generate = target_generate(target, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
                                seed=args.seed, cuda_graph=args.gen_cuda_graph != "off")
-    if split == "train":
-        return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate)
+    if split == "train":  # self-instruct tries past its angles sample (greedy they would repeat)
+        sample = target_generate(target, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
+                                 temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed + 1,
+                                 cuda_graph=args.gen_cuda_graph != "off")
+        return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate, sample=sample)
     from dataclasses import replace
 
     config = replace(_mix_config(args), max_variants=1)  # validation: greedy answers to distinct prompts only
