@@ -75,7 +75,8 @@ class DepthAcceptance:
         self.reached = [0.0] * depth  # [D] decayed count of steps that drafted depth d with d - 1 accepted
         self.accepted = [0.0] * depth  # [D] of those, the ones that accepted depth d
         self._ps: list[float] | None = None  # p(1..D), cached until the next observation (the pool's is read
-        # once per request per step: recomputing it made the rule ~0.25 ms of host time per step at batch 64)
+        # once per request per step; with the recursion it replaced, choose + observe took 324 us a step at
+        # batch 64 on a 2-core CPU, 227 us now)
 
     def observe(self, accept_length: int, depth_limit: int) -> None:
         """One speculative step that drafted up to `depth_limit` and accepted `accept_length`."""

@@ -365,14 +365,18 @@ def build_distill_data(
     resumed = sum(r is not None for r in responses)
     todo = [i for i, r in enumerate(responses) if r is None]
 
-    last_save = [time.perf_counter()]
-
-    def save(new: list[list[int] | None], every_s: float = SAVE_EVERY_S) -> None:
+    def merge(new: list[list[int] | None]) -> None:  # this call's answers (in `todo` order) into `responses`
         for i, r in zip(todo, new):
             responses[i] = r
-        if resume_path is not None and time.perf_counter() - last_save[0] >= every_s:
+
+    last_save = time.perf_counter()
+
+    def checkpoint(new: list[list[int] | None]) -> None:  # after a batch: save at most every SAVE_EVERY_S
+        nonlocal last_save
+        if time.perf_counter() - last_save >= SAVE_EVERY_S:
+            merge(new)
             _save_responses(resume_path, key, responses)
-            last_save[0] = time.perf_counter()
+            last_save = time.perf_counter()
 
     if todo:
         if resumed:
@@ -388,9 +392,11 @@ def build_distill_data(
             deadline=deadline,
             progress=progress,
             cuda_graph=cuda_graph,
-            on_batch=save if resume_path is not None else None,
+            on_batch=checkpoint if resume_path is not None else None,
         )
-        save(new, every_s=0.0)
+        merge(new)
+        if resume_path is not None:
+            _save_responses(resume_path, key, responses)
     seqs, prompt_lens, kinds = [], [], []
     for ids, resp, p in zip(encoded, responses, kept):
         if resp:

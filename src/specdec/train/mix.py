@@ -332,9 +332,8 @@ def family_prompts(family: str, split: str, n: int, seed: int = 0, variants: int
     """
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is unknown; allowed: {list(FAMILIES)}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n={n!r} must be an int >= 0")
-    _check_variants(variants)
+    _check_int("n", n, 0)
+    _check_int("variants", variants, 1, " (1: every prompt once, greedy)")
     if family == "math":
         return math_prompts(split, n, seed)
     pool = dedup(instruct_prompts(split) if family == "instruct" else header_prompts(split))
@@ -342,9 +341,9 @@ def family_prompts(family: str, split: str, n: int, seed: int = 0, variants: int
     return [replace(p, variant=v) for v in range(variants) for p in pool][:n]
 
 
-def _check_variants(variants) -> None:
-    if isinstance(variants, bool) or not isinstance(variants, int) or variants < 1:
-        raise ValueError(f"variants={variants!r} must be an int >= 1 (1: every prompt once, greedy)")
+def _check_int(name: str, value, lo: int, note: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}={value!r} must be an int >= {lo}{note}")
 
 
 # --------------------------------------------------------------------------- the training mix
@@ -405,8 +404,7 @@ def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig
     evaluation set, normalized) never come back.
     """
     _check_split(split)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n={n!r} must be an int >= 0")
+    _check_int("n", n, 0)
     counts = _counts(n, config.shares())
     out: list[Prompt] = []
     for family in FAMILIES:

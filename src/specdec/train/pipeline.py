@@ -149,12 +149,10 @@ def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"
     from .expand import target_generate
     from .mix import sample_mix
 
-    generate = target_generate(target, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
-                               seed=args.seed, cuda_graph=args.gen_cuda_graph != "off")
+    kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.gen_batch_size, "cuda_graph": args.gen_cuda_graph != "off"}
+    generate = target_generate(target, seed=args.seed, **kw)
     if split == "train":  # self-instruct tries past its angles sample (greedy they would repeat)
-        sample = target_generate(target, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
-                                 temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed + 1,
-                                 cuda_graph=args.gen_cuda_graph != "off")
+        sample = target_generate(target, temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed + 1, **kw)
         return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate, sample=sample)
     from dataclasses import replace
 
@@ -265,7 +263,7 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
         cuda_graph=args.gen_cuda_graph != "off", resume_path=responses,
     )
     data.meta["settings"] = settings
-    data.meta["gen_dtype"] = str(next(gen.model.parameters()).dtype).removeprefix("torch.")
+    data.meta["gen_dtype"] = _dtype_name(gen)
     m = data.meta
     secs = max(m["seconds"], 1e-9)
     print(f"[specdec.train] data: {len(data)} sequences ({m['prompts_not_reached']} prompts not reached, "
@@ -459,7 +457,7 @@ class GenerationTarget:
         self._loaded = None
 
     def __call__(self):
-        if str(next(self.target.model.parameters()).dtype).removeprefix("torch.") == self.dtype:
+        if _dtype_name(self.target) == self.dtype:
             return self.target
         if self._loaded is None:
             import argparse
@@ -475,6 +473,11 @@ class GenerationTarget:
 
 
 GEN_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _dtype_name(target) -> str:
+    """A loaded target's weight dtype as ``--dtype`` spells it ("bfloat16")."""
+    return str(next(target.model.parameters()).dtype).removeprefix("torch.")
 
 
 def generation_dtype(gen_dtype: str, dtype: str, device: torch.device) -> str:
