@@ -27,6 +27,7 @@ from specdec.runtime.attention import AttentionBatch, attention, query_positions
 from specdec.runtime.batch import decode_batch, prefill_batch, tree_batch
 from specdec.runtime.kv_cache import PagedKVCache
 from specdec.types import TreeMeta
+from tree_cases import ci_examples
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ATOL = 2e-5
@@ -106,6 +107,9 @@ def build_tree_step(case):
     return cache, batch, q
 
 
+# GPU: 150 examples, not the profile's 500: each draws a new kernel specialization (head dim,
+# group, splits, tiles), compiled on first use; 500 took 347 s of the 480 s `gpu_props.sh kernels` has
+@ci_examples(25, gpu=150)
 @given(tree_cases())
 def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case):
     note(case)
