@@ -557,3 +557,22 @@ def test_one_cuda_graph_replays_a_draft_tree_step_for_any_context_length_and_it_
         torch.testing.assert_close(out.float(), attention(q.float(), cache, 0, batch, scale=0.125, impl="ref"),
                                    atol=2e-2, rtol=2e-2)
 
+
+
+@pytest.mark.parametrize(
+    "batch, kv_heads, rows, max_kv_len, want",
+    [
+        (8, 8, 61 * 4, 256, 1),  # 8B tree verify, 256 programs >= 132 SMs: unsplit (H200: 1.09 vs 1.80 ms at 2)
+        (1, 8, 61 * 4, 256, 2),  # 32 programs: split to fill the GPU, capped at 256 // 128 keys
+        (1, 8, 61 * 4, 4096, 9),  # the 2-per-SM target, ceil(264 / 32)
+        (8, 8, 4, 4096, 5),  # decode tiles (16 rows, 4 used) keep the 2-per-SM target at any batch
+        (64, 8, 4, 4096, 1),  # ... which a 512-program decode grid already meets
+        (16, 3, 49 * 3, 512, 1),  # SmolLM2 tree at batch 16: 144 programs of 64-row tiles
+        (4, 3, 49 * 3, 512, 4),  # batch 4: 36 programs, split (capped at 512 // 128)
+    ],
+)
+def test_key_splits_follow_the_grid_and_the_tile_size(batch, kv_heads, rows, max_kv_len, want):
+    block_m = tree_attention._block_m(rows)
+    got = tree_attention.choose_num_splits(batch, kv_heads, -(-rows // block_m), max_kv_len, 132,
+                                           tile_rows=min(rows, block_m))
+    assert got == want
