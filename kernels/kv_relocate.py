@@ -28,7 +28,8 @@ import torch
 try:
     import triton
     import triton.language as tl
-    from torch.library import triton_op, wrap_triton
+    from torch.library import triton_op
+    from .launch import wrap_triton
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - platforms without triton use the reference

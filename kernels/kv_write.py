@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
+
+from .launch import wrap_triton
 
 __all__ = ["kv_write_torch", "kv_write_triton"]
 

@@ -20,9 +20,11 @@ import os
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from specdec.kernels.kv_write import kv_write_torch
+
+from .launch import wrap_triton
 
 __all__ = ["rope_kv_write_torch", "rope_kv_write_triton"]
 

@@ -34,7 +34,8 @@ from specdec.runtime.attention_batch import check_batch, query_positions
 try:
     import triton
     import triton.language as tl
-    from torch.library import triton_op, wrap_triton
+    from torch.library import triton_op
+    from .launch import wrap_triton
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover

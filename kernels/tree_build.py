@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
+
+from .launch import wrap_triton
 
 __all__ = ["build_tree_ref", "build_tree_triton"]
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
+from .launch import wrap_triton
 from .walk_common import TreeWalkRef, init_acceptance_row, walk_advance, walk_finish
 
 __all__ = ["verify_greedy_ref", "verify_greedy_triton"]

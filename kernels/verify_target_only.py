@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
+from .launch import wrap_triton
 from .sample_rule import row_sum_f64, sample_index_ref, sample_row
 from .walk_common import TreeWalkRef, init_acceptance_row, walk_advance, walk_finish
 

@@ -1,37 +1,54 @@
 #!/usr/bin/env bash
 # The GPU property suites (hypothesis `gpu` profile: 500 examples per property, kernels
-# compiled for the GPU) in three named parts, each bounded by 8 minutes so one part fits one
+# compiled for the GPU) in four named parts, each bounded by 8 minutes so one part fits one
 # 10-minute command on the GPU machine (issue 19). On the device machine, after
-# scripts/gpu_setup.sh:
+# scripts/gpu_setup.sh has assembled the SmolLM2 GGUF (all but `kernels` need it):
 #
 #   bash scripts/gpu_props.sh kernels    # Triton kernels and sampling vs their references
-#   bash scripts/gpu_props.sh drafters   # draft heads, tree policies, capture, TTT, fuzzed inputs
-#   bash scripts/gpu_props.sh engine     # every other test file (engine, step, server, ...)
+#   bash scripts/gpu_props.sh drafters   # draft heads, checkpoints, tree policies, capture, TTT, the kit
+#   bash scripts/gpu_props.sh tools      # CLI, server, benches' smoke runs, training, SmolLM2, packaging
+#   bash scripts/gpu_props.sh engine     # every other test file (engine, step, scheduling, models, ...)
 #
-# Writes $OUT/props_<part>.log (with the 25 slowest tests, to rebalance the parts) and prints
-# one summary line with the part's time.
+# First timing on the H200 (2026-12-03, three parts then): kernels 474 s with one property at
+# 347 s (capped since), drafters 126 s, engine over 480 s (701 tests passed by then): hence
+# four parts. Writes $OUT/props_<part>.log (with the 25 slowest tests, to rebalance the parts)
+# and prints one summary line with the part's time.
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/gpu_setup.sh" > /dev/null
-part="${1:?usage: gpu_props.sh kernels|drafters|engine}"  # after the setup: it must not see this name
+source "$root/scripts/gpu_setup.sh" > /tmp/gpu_props_setup.txt
+setup=$(cat /tmp/gpu_props_setup.txt)
+part="${1:?usage: gpu_props.sh kernels|drafters|tools|engine}"  # after the setup: it must not see this name
 cd "$root"
 kernels=(tests/test_attention.py tests/test_kv_cache.py tests/test_kv_relocate.py tests/test_kv_write.py
          tests/test_tree_build.py tests/test_verify_greedy.py tests/test_verify_sampling.py tests/test_sample_rule.py
          tests/test_sampling_distribution.py tests/test_sampling_probs.py tests/test_typical_verifier.py
-         tests/test_kernel_shapes.py)
+         tests/test_kernel_shapes.py tests/test_kernel_launch.py tests/test_rope_kv_write.py)
 drafters=(tests/test_eagle3_conventions.py tests/test_eagle3_dense_after_acceptance.py tests/test_eagle3_drafter.py
           tests/test_eagle3_tree.py tests/test_mtp_drafter.py tests/test_tree_policies.py tests/test_capture.py
-          tests/test_train_ttt.py tests/test_fuzz_inputs.py tests/test_stop_strings.py tests/test_tensor_parallel.py)
+          tests/test_train_ttt.py tests/test_fuzz_inputs.py tests/test_stop_strings.py tests/test_tensor_parallel.py
+          tests/test_eagle3_checkpoint.py tests/test_eagle3_plugin.py tests/test_eagle3_sampling.py
+          tests/test_mtp_checkpoint.py tests/test_mtp_model.py tests/test_mtp_decoding.py tests/test_ngram_drafter.py
+          tests/test_ngram_decoding.py tests/test_draft_layers.py tests/test_drafter_inputs.py
+          tests/test_conformance_kit.py tests/test_conformance_kit_planted.py)
+tools=(tests/test_cli.py tests/test_cli_startup.py tests/test_bench_smoke.py tests/test_bench_instrumentation.py
+       tests/test_first_contact.py tests/test_server.py tests/test_smollm2.py tests/test_launch_counts.py
+       tests/test_packaging.py tests/test_many_decoders.py tests/test_kernels_compile_sm90.py tests/test_loader.py
+       tests/test_corrupt_checkpoints.py tests/test_train_*.py)
 case "$part" in
   kernels) files=("${kernels[@]}") ;;
   drafters) files=("${drafters[@]}") ;;
+  tools) files=("${tools[@]}") ;;
   engine)
     files=()
     for f in tests/test_*.py; do
-      [[ " ${kernels[*]} ${drafters[*]} " == *" $f "* ]] || files+=("$f")
+      [[ " ${kernels[*]} ${drafters[*]} ${tools[*]} " == *" $f "* ]] || files+=("$f")
     done ;;
-  *) echo "unknown part '$part'; allowed: kernels, drafters, engine" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; allowed: kernels, drafters, tools, engine" >&2; exit 2 ;;
 esac
+if [ "$part" != kernels ] && [[ "$setup" != *"GGUF ready"* ]]; then
+  echo "gpu_props $part needs the SmolLM2 GGUF (its tests load it); scripts/gpu_setup.sh says: $setup" >&2
+  exit 2
+fi
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 start=$SECONDS
 # SIGINT at the limit: pytest still prints its summary and the slowest tests (SIGKILL 30 s later)

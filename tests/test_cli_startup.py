@@ -109,3 +109,16 @@ def test_the_dtype_choices_are_the_validated_ones():
     from specdec.validation import DTYPES
 
     assert cli.DTYPES == DTYPES
+
+
+def test_serve_without_its_server_packages_names_a_mistyped_flag_first():
+    """A machine without FastAPI / uvicorn (the H200's) still hears about the typo first,
+    then about the missing packages, and imports no torch for either."""
+    code = ("import sys; sys.modules['uvicorn'] = None; from specdec.cli import main; "
+            "sys.argv = ['specdec'] + sys.argv[1:]; sys.exit(main())")
+    run = lambda *argv: subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,  # noqa: E731
+                                       env=_env(), timeout=120)
+    typo = run("serve", "--drafter", "eagl3")
+    assert typo.returncode == 2 and "did you mean eagle3?" in typo.stderr, typo.stderr[-2000:]
+    missing = run("serve", "--no-warmup")
+    assert missing.returncode == 2 and "pip install 'specdec[serve]'" in missing.stderr, missing.stderr[-2000:]

@@ -547,12 +547,6 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
 def _serve(args) -> int:
     from .config import ConfigError
 
-    try:
-        import uvicorn
-
-        from .server import build_app
-    except ImportError as e:
-        raise ConfigError(f"specdec serve needs FastAPI and uvicorn: pip install 'specdec[serve]' ({e})") from e
     if args.tp != 1:
         raise ConfigError(f"--tp {args.tp}: specdec serve runs one process (tp 1); tensor parallelism is for "
                           "`torchrun ... -m specdec.cli generate --tp N`")
@@ -563,7 +557,13 @@ def _serve(args) -> int:
     if args.cfg_verifier is None:
         args.cfg_verifier = "target-only"  # requests may sample; greedy requests stay greedy under it
     config = config_from_args(args, num_prompts=8)
-    check_before_loading(args, config)
+    check_before_loading(args, config)  # a mistyped flag is named first, then a missing dependency
+    try:
+        import uvicorn
+
+        from .server import build_app
+    except ImportError as e:
+        raise ConfigError(f"specdec serve needs FastAPI and uvicorn: pip install 'specdec[serve]' ({e})") from e
     dec = load_decoder(args, config)
     if args.warmup:
         _note(f"warm-up took {dec.warmup(progress=True).seconds:.1f} s")
