@@ -8,6 +8,7 @@
 #   bash scripts/gpu_props.sh drafters   # draft heads, checkpoints, tree policies, capture, TTT, the kit
 #   bash scripts/gpu_props.sh tools      # CLI, server, benches' smoke runs, training, SmolLM2, packaging
 #   bash scripts/gpu_props.sh engine     # every other test file (engine, step, scheduling, models, ...)
+#   bash scripts/gpu_props.sh tools engine   # several parts side by side in one call (as first timed)
 #
 # First timing on the H200 (2026-12-03, three parts then): kernels 474 s with one property at
 # 347 s (capped since), drafters 126 s, engine over 480 s (701 tests passed by then): hence
@@ -15,8 +16,18 @@
 # and prints one summary line with the part's time.
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/gpu_setup.sh" > /tmp/gpu_props_setup.txt
-setup=$(cat /tmp/gpu_props_setup.txt)
+if [ -z "${GPU_PROPS_SETUP:-}" ]; then  # once: parts run side by side inherit the environment
+  source "$root/scripts/gpu_setup.sh" > /tmp/gpu_props_setup.txt
+  export GPU_PROPS_SETUP="$(cat /tmp/gpu_props_setup.txt)"
+fi
+setup="$GPU_PROPS_SETUP"
+if [ $# -gt 1 ]; then  # several parts side by side on the one GPU (8 workers each): two parts per call
+  pids=()
+  for p in "$@"; do bash "$root/scripts/gpu_props.sh" "$p" & pids+=($!); done
+  rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  exit $rc
+fi
 part="${1:?usage: gpu_props.sh kernels|drafters|tools|engine}"  # after the setup: it must not see this name
 cd "$root"
 kernels=(tests/test_attention.py tests/test_kv_cache.py tests/test_kv_relocate.py tests/test_kv_write.py
