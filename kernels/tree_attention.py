@@ -390,20 +390,22 @@ def _block_m(rows: int) -> int:
     return min(64, max(16, 1 << max(0, rows - 1).bit_length()))
 
 
-def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_kv_len: int, num_sms: int,
-                      tile_rows: int = 1) -> int:
+def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num_sms: int) -> int:
     """Key splits so that the grid fills the GPU: >= 1, at most 32, and at most
-    max_kv_len // 128 (a split of the longest row has >= 128 keys). Static sizes only, so one
-    launch (one CUDA graph) serves every context length up to max_kv_len.
+    max_kv_len // 128 (a split of the longest row has >= 128 keys). `rows`: query rows per
+    (request, KV head), i.e. new tokens x heads of the GQA group, cut into `_block_m(rows)`
+    tiles. Static sizes only, so one launch (one CUDA graph) serves every context length up
+    to max_kv_len.
 
-    Decode tiles (`tile_rows` < 32 query rows per program) aim at 2 programs per SM. Tree and
-    prefill tiles (>= 32 rows) are not split once the unsplit grid already holds a program per
-    SM: each split re-reads the tile's queries and adds a combine, and a heavy tile per SM
-    already keeps the GPU busy. Measured on the H200 (8B layout, context 256, N = 49, 32
-    layers): batch 8 tree verify, 256 programs, 1.09 ms unsplit vs 1.80 ms at the 2 splits
-    the 2-per-SM target picked; batch 1, 32 programs, 2 splits stay best (0.71 vs 0.78 ms)."""
-    programs = batch * kv_heads * q_tiles
-    if tile_rows >= 32 and programs >= num_sms:
+    Decode tiles (< 32 query rows per program) aim at 2 programs per SM. Tree and prefill
+    tiles (>= 32 rows) are not split once the unsplit grid already holds a program per SM:
+    each split re-reads the tile's queries and adds a combine, and a heavy tile per SM already
+    keeps the GPU busy. Measured on the H200 (8B layout, context 256, N = 49, 32 layers):
+    batch 8 tree verify, 256 programs, 1.09 ms unsplit vs 1.80 ms at the 2 splits the 2-per-SM
+    target picked; batch 1, 32 programs, 2 splits stay best (0.71 vs 0.78 ms)."""
+    block_m = _block_m(rows)
+    programs = batch * kv_heads * -(-rows // block_m)
+    if min(rows, block_m) >= 32 and programs >= num_sms:
         return 1
     want = -(-2 * num_sms // programs)
     return max(1, min(want, max_kv_len // 128, 32))
@@ -435,10 +437,7 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
     B, T, H, _ = q.shape
     hkv = cache.num_kv_heads[layer]
     if num_splits is None:
-        rows = T * (H // hkv)
-        block_m = _block_m(rows)
-        num_splits = choose_num_splits(B, hkv, -(-rows // block_m), batch.max_kv_len, cache.num_sms,
-                                       tile_rows=min(rows, block_m))
+        num_splits = choose_num_splits(B, hkv, T * (H // hkv), batch.max_kv_len, cache.num_sms)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} must be an int >= 1 (or None: chosen from the grid size)")
     positions = query_positions(batch) if sliding_window is not None else None

@@ -558,7 +558,6 @@ def test_one_cuda_graph_replays_a_draft_tree_step_for_any_context_length_and_it_
                                    atol=2e-2, rtol=2e-2)
 
 
-
 @pytest.mark.parametrize(
     "batch, kv_heads, rows, max_kv_len, want",
     [
@@ -572,7 +571,4 @@ def test_one_cuda_graph_replays_a_draft_tree_step_for_any_context_length_and_it_
     ],
 )
 def test_key_splits_follow_the_grid_and_the_tile_size(batch, kv_heads, rows, max_kv_len, want):
-    block_m = tree_attention._block_m(rows)
-    got = tree_attention.choose_num_splits(batch, kv_heads, -(-rows // block_m), max_kv_len, 132,
-                                           tile_rows=min(rows, block_m))
-    assert got == want
+    assert tree_attention.choose_num_splits(batch, kv_heads, rows, max_kv_len, 132) == want

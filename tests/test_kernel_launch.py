@@ -25,19 +25,23 @@ def _strict_torch_wrap(kernel):
     return ("wrapped", kernel)
 
 
-def _kernels():
+def _modules():
+    """(name, module) of every module of specdec.kernels."""
     for info in pkgutil.iter_modules(specdec.kernels.__path__):
-        module = importlib.import_module(f"specdec.kernels.{info.name}")
+        yield info.name, importlib.import_module(f"specdec.kernels.{info.name}")
+
+
+def _kernels():
+    for module_name, module in _modules():
         for name, obj in vars(module).items():
             if name.startswith("_") and name.endswith("_kernel"):
-                yield f"{info.name}.{name}", obj
+                yield f"{module_name}.{name}", obj
 
 
 def test_every_kernel_module_launches_through_the_helper():
-    for info in pkgutil.iter_modules(specdec.kernels.__path__):
-        module = importlib.import_module(f"specdec.kernels.{info.name}")
-        if hasattr(module, "wrap_triton") and info.name != "launch":
-            assert module.wrap_triton is launch.wrap_triton, f"{info.name} imports torch's wrap_triton directly"
+    for name, module in _modules():
+        if hasattr(module, "wrap_triton") and name != "launch":
+            assert module.wrap_triton is launch.wrap_triton, f"{name} imports torch's wrap_triton directly"
 
 
 def test_every_kernel_is_wrapped_when_compiled_and_launched_as_is_when_interpreted(monkeypatch):
