@@ -27,6 +27,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["_timebox"]  # deadline and per-test report for time-boxed GPU runs
+
 
 def _import_all_kernels() -> None:
     """Triton decides at `@triton.jit` time whether a kernel is interpreted: import every

@@ -1,0 +1,35 @@
+"""Time-boxed test runs on the GPU machine (scripts/gpu_props.sh), robust to being cut off.
+
+SPECDEC_TEST_DEADLINE (Unix seconds): tests that would start after it are skipped (reason
+"session deadline"), so pytest ends on its own with its summary and slowest tests instead of
+being interrupted (SIGINT under xdist crashed the controller, INTERNALERROR, and lost which
+tests had failed). SPECDEC_TEST_REPORT (a path): one JSON line per test phase that did not
+pass quietly, plus every call's duration, appended as each test finishes, from every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+
+def pytest_runtest_setup(item) -> None:
+    deadline = os.environ.get("SPECDEC_TEST_DEADLINE")
+    if deadline and time.time() > float(deadline):
+        pytest.skip("session deadline (SPECDEC_TEST_DEADLINE) passed before this test started")
+
+
+def pytest_runtest_logreport(report) -> None:
+    path = os.environ.get("SPECDEC_TEST_REPORT")
+    if not path or (report.when != "call" and report.passed) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under xdist the controller writes: it receives every worker's reports
+    row = dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome, seconds=round(report.duration, 2))
+    if report.failed:
+        row["error"] = str(report.longrepr)[-4000:]
+    elif report.skipped:
+        row["reason"] = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+    with open(path, "a") as f:  # one short write per line: lines from several workers do not interleave
+        f.write(json.dumps(row) + "\n")
