@@ -177,7 +177,7 @@ def attention() -> None:
         positions = torch.zeros(B, T, dtype=I64) if window else None
         tree_attention.paged_attention_triton(
             q, k_rows, k_rows, torch.zeros(B, blocks, dtype=I64), slots, cache_len, q_len, q_len if tree_rows else None,
-            mask, positions, block_size, 0.125, window, splits, False,
+            mask, positions, block_size, 0.125, window, splits, 32, False,
         )
         print(f"ok attention {dtype} H={H}/{hkv} hd={hd} B={B} T={T} tree={tree_rows} splits={splits} window={window}")
 

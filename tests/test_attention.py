@@ -110,8 +110,10 @@ def build_tree_step(case):
 # GPU: 150 examples, not the profile's 500: each draws a new kernel specialization (head dim,
 # group, splits, tiles), compiled on first use; 500 took 347 s of the 480 s `gpu_props.sh kernels` has
 @ci_examples(25, gpu=150)
-@given(tree_cases())
-def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case):
+@given(tree_cases(), st.sampled_from([None, 1, 16, 40, 128]))
+def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_split_keys):
+    """... at any split count and any fewest keys per split (None: the kernel's choice;
+    40: not a multiple of the 16-key tile)."""
     note(case)
     cache, batch, q = build_tree_step(case)
     scale = case["head_dim"] ** -0.5
@@ -123,7 +125,7 @@ def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case):
     with mock.patch.object(tree_attention, "_combine_rows", lambda: case["combine_rows"]), \
             mock.patch.object(tree_attention, "_fixed_config", config):
         out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
-                              num_splits=case["splits"], autotune=False)
+                              num_splits=case["splits"], autotune=False, min_split_keys=min_split_keys)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
 
 
@@ -572,3 +574,18 @@ def test_one_cuda_graph_replays_a_draft_tree_step_for_any_context_length_and_it_
 )
 def test_key_splits_follow_the_grid_and_the_tile_size(batch, kv_heads, rows, max_kv_len, want):
     assert tree_attention.choose_num_splits(batch, kv_heads, rows, max_kv_len, 132) == want
+
+
+@pytest.mark.parametrize("rows, want", [(61 * 4, 128), (49 * 3, 128), (32, 128), (4, 32), (16, 32), (1, 32)])
+def test_fewest_keys_per_split_follow_the_tile(rows, want):
+    """Tree and prefill tiles (>= 32 query rows) split no finer than 128 keys, decode tiles 32."""
+    assert tree_attention.choose_min_split_keys(rows) == want
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, True])
+def test_a_bad_fewest_keys_per_split_is_named(bad):
+    case = dict(batch=1, num_slots=1, parents=[[-1]], num_nodes=[1], committed=[5], block_size=4, kv_heads=1,
+                group=2, head_dim=16, seed=0)
+    cache, batch, q = build_tree_step(case)
+    with pytest.raises(ValueError, match=f"min_split_keys={bad!r} must be an int >= 1"):
+        paged_attention(q, cache, 0, batch, scale=0.25, num_splits=2, min_split_keys=bad)
