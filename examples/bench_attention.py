@@ -16,6 +16,8 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
     python examples/bench_attention.py --impls triton --context 1024 --nodes 61 \
         --triton-configs 64x4x2 32x4x2 32x8x2 64x8x2   # the kernel's launch config, side by side
     python examples/bench_attention.py --impls triton --num-splits 0 1 2 4 8   # key splits (0: chosen)
+    python examples/bench_attention.py --impls triton --context 256 --max-kv-len 4096 --min-split-keys 1 0
+        # a short real context under the engine's static bound: splits of a few keys (1) vs the chosen fewest
 
 `--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages ("u": its
 single key loop, no committed-keys-only tiles first), as rows `triton[BNxWxS]`; the kernel's
@@ -146,7 +148,17 @@ def main() -> None:
                         help="time the Triton kernel under each BLOCK_N x num_warps x num_stages")
     parser.add_argument("--num-splits", nargs="+", type=int, default=None, metavar="S",
                         help="time the Triton kernel with each key-split count (0: the one it picks)")
+    parser.add_argument("--max-kv-len", type=int, default=0,
+                        help="the static key bound the batches carry, as the engine's max_seq_len (default: the "
+                             "case's real key count); the split count follows it, the real context does not")
+    parser.add_argument("--min-split-keys", nargs="+", type=int, default=None, metavar="K",
+                        help="time the Triton kernel with each fewest-keys-per-split (0: the one it picks)")
     args = parser.parse_args()
+    if args.max_kv_len < 0:
+        raise SystemExit(f"--max-kv-len {args.max_kv_len} must be >= 0 (0: the case's real key count)")
+    if args.min_split_keys and min(args.min_split_keys) < 0:
+        raise SystemExit(f"--min-split-keys: {args.min_split_keys} must all be >= 0 (0: the kernel's own choice)")
+    min_keys = [k or None for k in args.min_split_keys] if args.min_split_keys else [None]
     configs = [_parse_config(c) for c in args.triton_configs] if args.triton_configs else [None]
     if args.num_splits and min(args.num_splits) < 0:
         raise SystemExit(f"--num-splits: {args.num_splits} must all be >= 0 (0: the kernel's own choice)")
@@ -163,7 +175,8 @@ def main() -> None:
     impls = args.impls.split(",")
     gen = torch.Generator().manual_seed(0)
     max_b = max(batches)
-    seq = ctx + N + 64
+    seq = max(ctx + N + 64, args.max_kv_len)
+    bound = lambda keys: max(keys, args.max_kv_len)  # noqa: E731  the static max_kv_len of a batch
     cache = PagedKVCache(L, Hkv, hd, max_batch_size=max_b, max_seq_len=seq, block_size=args.block_size,
                          device=device, dtype=dtype)
     for slot in range(max_b):
@@ -172,7 +185,7 @@ def main() -> None:
     scale = hd**-0.5
     print(f"device={device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch {torch.__version__}")
     print(f"shape: layers={L} heads={H} kv_heads={Hkv} head_dim={hd} {dtype} context={ctx} tree N={N} "
-          f"block_size={args.block_size}; times are per forward over all {L} layers (ms)\n")
+          f"block_size={args.block_size} max_kv_len={args.max_kv_len or 'real'}; times are per forward over all {L} layers (ms)\n")
 
     kv_bytes = lambda b, s: b * s * Hkv * hd * 2 * cache.storage.element_size() * L  # noqa: E731
     rows = []
@@ -180,32 +193,33 @@ def main() -> None:
         cache_len = torch.full((B,), ctx, device=device)
         cases = {
             "decode": (decode_batch(cache, cache_len, torch.ones(B, dtype=torch.bool, device=device),
-                                    max_kv_len=ctx + 1), 1, ctx + 1),
+                                    max_kv_len=bound(ctx + 1)), 1, ctx + 1),
             "tree": (tree_batch(cache, cache_len, random_tree(B, N, 8, gen, device), torch.full((B,), N, device=device),
-                                max_kv_len=ctx + N), N, ctx + N),
+                                max_kv_len=bound(ctx + N)), N, ctx + N),
         }
         if B == 1:
             cases["prefill"] = (prefill_batch(cache, torch.zeros(1, dtype=torch.int64, device=device),
                                               torch.zeros(1, dtype=torch.int64, device=device),
-                                              torch.full((1,), ctx, device=device), ctx, max_kv_len=ctx), ctx, ctx)
+                                              torch.full((1,), ctx, device=device), ctx, max_kv_len=bound(ctx)), ctx, ctx)
         for name, (batch, T, keys) in cases.items():
             q = torch.randn(B, T, H, hd, generator=gen).to(device, dtype)
-            runs = [(impl, cfg, sp) for impl in impls
+            runs = [(impl, cfg, sp, mk) for impl in impls
                     for cfg in (configs if impl == "triton" else [None])
-                    for sp in (splits if impl == "triton" else [None])]
-            for impl, cfg, sp in runs:
+                    for sp in (splits if impl == "triton" else [None])
+                    for mk in (min_keys if impl == "triton" else [None])]
+            for impl, cfg, sp, mk in runs:
                 if impl == "ref" and name == "prefill" and not args.quick:
                     continue  # dense [H, 2k, 2k] float32 scores: not a fair or useful number
                 label = impl if cfg is None else (f"triton[{cfg['BLOCK_N']}x{cfg['num_warps']}x{cfg['num_stages']}"
                                                   f"{'' if cfg['COMMITTED_FIRST'] else 'u'}]")
-                label += "" if sp is None else f"/s{sp}"
+                label += ("" if sp is None else f"/s{sp}") + ("" if mk is None else f"/k{mk}")
 
-                def forward(impl=impl, q=q, batch=batch, sp=sp):
+                def forward(impl=impl, q=q, batch=batch, sp=sp, mk=mk):
                     for layer in range(L):
-                        if sp is None:
+                        if sp is None and mk is None:
                             attention(q, cache, layer, batch, scale=scale, impl=impl)
                         else:
-                            paged_attention(q, cache, layer, batch, scale=scale, num_splits=sp)
+                            paged_attention(q, cache, layer, batch, scale=scale, num_splits=sp, min_split_keys=mk)
 
                 try:
                     with launch_config(cfg):
