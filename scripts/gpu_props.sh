@@ -65,17 +65,17 @@ start=$SECONDS
 # The kernels' tests are independent: spread them test by test (one file, test_attention.py,
 # held 8 minutes of work under --dist loadfile); the other parts share models per file.
 dist=loadfile; [ "$part" = kernels ] && dist=load
-# Tests that would start after 420 s are skipped (tests/_timebox.py), so pytest ends on its
+# Tests that would start after 420 s (PROPS_DEADLINE_S) are skipped (tests/_timebox.py), so pytest ends on its
 # own with its summary and slowest tests; every failure and duration is also written to
 # props_<part>.jsonl as it happens. The timeout is the last resort (SIGINT at 510 s).
 rm -f "$out/props_$part.jsonl"
-SPECDEC_TEST_DEADLINE=$(( $(date +%s) + 420 )) SPECDEC_TEST_REPORT="$out/props_$part.jsonl" \
+SPECDEC_TEST_DEADLINE=$(( $(date +%s) + ${PROPS_DEADLINE_S:-420} )) SPECDEC_TEST_REPORT="$out/props_$part.jsonl" \
 HYPOTHESIS_PROFILE=gpu timeout -s INT -k 30 510 python -m pytest -q -p no:cacheprovider -n 8 --dist $dist --durations=25 \
   -rfEs "${files[@]}" > "$out/props_$part.log" 2>&1
 rc=$?
 summary=$(grep -E "passed|failed|error" "$out/props_$part.log" | tail -1)
 late=$(grep -c 'session deadline' "$out/props_$part.jsonl" 2>/dev/null)
-[ "${late:-0}" -gt 0 ] && summary="$late tests not started by the 420 s deadline; $summary" && rc=1
+[ "${late:-0}" -gt 0 ] && summary="$late tests not started by the ${PROPS_DEADLINE_S:-420} s deadline; $summary" && rc=1
 echo "gpu_props $part: rc $rc, $((SECONDS - start)) s, ${#files[@]} files: $summary"
 grep '"outcome": "failed"' "$out/props_$part.jsonl" 2>/dev/null | cut -c1-400
 exit $rc
