@@ -420,7 +420,11 @@ def choose_min_split_keys(rows: int) -> int:
     128; decode tiles: 32. Measured on the H200 (8B layout, context 256, 32 layers): a
     batch-1 N = 49 tree verify was fastest at 128 keys per split (2 splits: 0.71 ms; 4: 0.75;
     8, i.e. 32 keys each: 0.85), a batch-1 decode at 32 keys per split (8 splits: 0.22 ms;
-    2: 0.33)."""
+    2: 0.33). The floor itself measured neutral there (same layout, context 256 under a
+    2048-key bound, 16 splits chosen: tree 0.867 vs 0.865 ms with a floor of 1 key, decode
+    0.225 both; notes/gpu/issue20/attention_ctx256_max2048_712ced3.log): near-empty splits
+    cost nothing measurable on the 8B layout. Kept as the rule for the bound; the SmolLM2
+    layout (hd 64, 3 KV heads, 9 programs per tree tile row) is not measured yet."""
     return 128 if min(rows, _block_m(rows)) >= 32 else 32
 
 
