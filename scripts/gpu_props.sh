@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU property suites (hypothesis `gpu` profile: 500 examples per property, kernels
-# compiled for the GPU) in four named parts, each bounded by 8 minutes (tests not started by 7 are skipped and counted) so one part fits one
-# 10-minute command on the GPU machine (issue 19). On the device machine, after
-# scripts/gpu_setup.sh has assembled the SmolLM2 GGUF (all but `kernels` need it):
+# compiled for the GPU) in four named parts, each bounded by 8 minutes (tests not started by 7
+# are skipped and counted) so one part fits one 10-minute command on the GPU machine (issue 19).
+# Only `tools` needs the SmolLM2 GGUF assembled (tests/test_smollm2.py loads it): the other
+# parts can run in the calls that carry its three parts (scripts/gpu_setup.sh).
 #
 #   bash scripts/gpu_props.sh kernels    # Triton kernels and sampling vs their references
 #   bash scripts/gpu_props.sh drafters   # draft heads, checkpoints, tree policies, capture, TTT, the kit
@@ -56,15 +57,17 @@ case "$part" in
     done ;;
   *) echo "unknown part '$part'; allowed: kernels, drafters, tools, engine" >&2; exit 2 ;;
 esac
-if [ "$part" != kernels ] && [[ "$setup" != *"GGUF ready"* ]]; then
-  echo "gpu_props $part needs the SmolLM2 GGUF (its tests load it); scripts/gpu_setup.sh says: $setup" >&2
+if [ "$part" = tools ] && [[ "$setup" != *"GGUF ready"* ]]; then
+  echo "gpu_props tools needs the SmolLM2 GGUF (tests/test_smollm2.py loads it); scripts/gpu_setup.sh says: $setup" >&2
   exit 2
 fi
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 start=$SECONDS
-# The kernels' tests are independent: spread them test by test (one file, test_attention.py,
-# held 8 minutes of work under --dist loadfile); the other parts share models per file.
-dist=loadfile; [ "$part" = kernels ] && dist=load
+# Tests spread one by one (--dist load), not file by file: under loadfile one file's tests
+# run in turn on one worker (test_attention.py held the kernels part past 8 minutes; the
+# engine part's test_compiled_step.py holds ~6 minutes); a module fixture is then built once
+# per worker that runs a test of the module, which costs time but not wall time.
+dist=load
 # Tests that would start after 420 s (PROPS_DEADLINE_S) are skipped (tests/_timebox.py), so pytest ends on its
 # own with its summary and slowest tests; every failure and duration is also written to
 # props_<part>.jsonl as it happens. The timeout is the last resort (SIGINT at 510 s).
