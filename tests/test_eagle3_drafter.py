@@ -274,3 +274,20 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     inp.hidden = torch.zeros(3, cfg.num_tree_slots, 2 * D_T)
     with pytest.raises(ValueError, match=r"DraftInput.hidden has width 64; the EAGLE-3 head reads the captured target states .* of width 96"):
         d.propose(inp)
+
+
+def test_logits_rows_gives_the_full_forwards_logits_at_those_rows_alone():
+    """A prompt chunk's head runs on its last row only (`logits_rows`): the same logits as the
+    full forward at that row, [B, 1, Vd], and the same hidden rows (float64)."""
+    head = random_head(dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    emb = torch.randn(2, 5, D_T, generator=gen, dtype=torch.float64)
+    hidden = torch.randn(2, 5, WIDTH, generator=gen, dtype=torch.float64)
+    pos = torch.arange(5)[None].expand(2, -1)
+    attend = lambda q, k, v: q  # noqa: E731  (the rows are what is compared, not the attention)
+    out, logits = head(emb, hidden, pos, attend, first_step=True)
+    rows = torch.tensor([4, 1])
+    out_r, logits_r = head(emb, hidden, pos, attend, first_step=True, logits_rows=rows)
+    assert logits_r.shape == (2, 1, logits.shape[-1])
+    torch.testing.assert_close(logits_r[:, 0], logits[torch.arange(2), rows], rtol=1e-12, atol=1e-12)
+    assert torch.equal(out_r, out)

@@ -131,3 +131,20 @@ def test_bad_configs_and_inputs_are_clear_errors():
         model.sequence_forward(torch.zeros(1, 3, D), torch.zeros(1, 3, D))
     assert isinstance(MTPConfig(**mtp_config().__dict__), MTPConfig)
     assert callable(causal_attend(0.25))
+
+
+def test_logits_rows_gives_the_full_forwards_logits_at_those_rows_alone():
+    """A prompt chunk's MTP head runs on its last row only (`logits_rows`), [B, 1, V]."""
+    model = random_mtp(seed=5, dtype=torch.float64, has_lm_head=True)
+    gen = torch.Generator().manual_seed(6)
+    hidden = torch.randn(2, 6, D, generator=gen, dtype=torch.float64)
+    embeds = torch.randn(2, 6, D, generator=gen, dtype=torch.float64)
+    pos = torch.arange(6)[None].expand(2, -1)
+    attend = lambda q, k, v: q  # noqa: E731
+    with torch.no_grad():
+        feed, logits = model(embeds, hidden, pos, attend)
+        rows = torch.tensor([5, 2])
+        feed_r, logits_r = model(embeds, hidden, pos, attend, logits_rows=rows)
+    assert logits_r.shape == (2, 1, V)
+    torch.testing.assert_close(logits_r[:, 0], logits[torch.arange(2), rows], rtol=1e-12, atol=1e-12)
+    assert torch.equal(feed_r, feed)

@@ -1,6 +1,7 @@
 """The decoder-layer pieces the draft heads share: GQA attention with RoPE whose K/V go to a
 caller-supplied ``attend(q, k, v)`` (EAGLE-3 reads [embed; hidden] of width 2d, an MTP
-module the fused d), and the SwiGLU MLP.
+module the fused d), the SwiGLU MLP, and `take_rows` (one row of each batch row: a prompt
+chunk's head runs on its last row alone).
 
 Each layer's projections run fused, one matmul where Hugging Face has several (q/k/v in
 ``qkv_proj``, gate/up in ``gate_up_proj``): a draft step runs these once per draft depth,
@@ -19,7 +20,7 @@ from torch import nn
 from specdec.models import fused
 from specdec.models.llama import RMSNorm
 
-__all__ = ["DraftAttention", "SwiGLU", "fuse_linear_names"]
+__all__ = ["DraftAttention", "SwiGLU", "fuse_linear_names", "take_rows"]
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -96,3 +97,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.fused.silu_mul(self.gate_up_proj(x)))
+
+
+def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Row rows[b] of each batch row: x [B, T, w], rows [B] int64 -> [B, 1, w]."""
+    return torch.gather(x, 1, rows[:, None, None].expand(-1, 1, x.shape[-1]))

@@ -64,5 +64,5 @@ class Eagle3Drafter(HeadDrafter):
             policy=policy,
         )
 
-    def _forward(self, embeds, hidden, positions, attend, *, first: bool):
-        return self.model(embeds, hidden, positions, attend, first_step=first)
+    def _forward(self, embeds, hidden, positions, attend, *, first: bool, logits_rows=None):
+        return self.model(embeds, hidden, positions, attend, first_step=first, logits_rows=logits_rows)

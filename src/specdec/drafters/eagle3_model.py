@@ -23,7 +23,7 @@ from specdec.models.config import RopeConfig
 from specdec.models.llama import RMSNorm
 from specdec.models.rope import Rotary
 
-from .draft_layers import DraftAttention, SwiGLU
+from .draft_layers import DraftAttention, SwiGLU, take_rows
 
 __all__ = ["Eagle3Config", "Eagle3Model", "Eagle3ShapeError", "random_vocab_map"]
 
@@ -187,6 +187,7 @@ class Eagle3Model(nn.Module):
         attend: Attend,
         *,
         first_step: bool,
+        logits_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft forward.
 
@@ -198,8 +199,11 @@ class Eagle3Model(nn.Module):
             attend: ``(q [B,T,H,hd], k [B,T,Hkv,hd], v [B,T,Hkv,hd]) -> [B,T,H,hd]``; it stores
                 the new K/V and attends over the draft cache.
             first_step: apply fc to `hidden` (an explicit flag; never inferred from widths).
+            logits_rows: [B] int64, or None: the logits of row logits_rows[b] only (a prompt
+                chunk needs its last row's; the head over every row of a long chunk is ~30% of
+                its work and a [B, T, Vd] float32 tensor).
         Returns:
-            (next_hidden [B, T, d], logits [B, T, Vd] float32).
+            (next_hidden [B, T, d], logits [B, T, Vd] float32; [B, 1, Vd] with logits_rows).
         """
         d = self.config.hidden_size
         if first_step:
@@ -212,7 +216,7 @@ class Eagle3Model(nn.Module):
             raise Eagle3ShapeError(f"embeddings have width {embeds.shape[-1]}; the head's hidden size is {d}")
         cos, sin = self.rotary(positions, hidden.dtype)  # [B, T, 1, hd]
         out, normed = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attend, final_norm=self.norm)  # [B, T, d] x2
-        return out, self._head(normed)
+        return out, self._head(normed if logits_rows is None else take_rows(normed, logits_rows))
 
 
 def random_vocab_map(vocab_size: int, draft_vocab_size: int, generator: torch.Generator | None = None):

@@ -120,10 +120,14 @@ def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_
     return ingest, q_len, start, positions, write_index, tokens, states
 
 
+def _last_index(q_len: torch.Tensor) -> torch.Tensor:
+    """[B] int64: each batch row's last row, q_len - 1 (row 0 where q_len is 0)."""
+    return (q_len - 1).clamp(min=0)
+
+
 def _last_row(x: torch.Tensor, q_len: torch.Tensor) -> torch.Tensor:
     """Row q_len - 1 of each batch row: x [B, T, w] -> [B, w] (row 0 where q_len is 0)."""
-    last = (q_len - 1).clamp(min=0)[:, None, None]  # [B, 1, 1]
-    return torch.gather(x, 1, last.expand(-1, -1, x.shape[-1]))[:, 0]
+    return torch.gather(x, 1, _last_index(q_len)[:, None, None].expand(-1, -1, x.shape[-1]))[:, 0]
 
 
 def _draft_to_target(draft_tokens: torch.Tensor, target_ids: torch.Tensor | None) -> torch.Tensor:
@@ -265,9 +269,11 @@ class HeadDrafter:
         self._owns_cache = False
 
     # ------------------------------------------------------------------ subclass hook
-    def _forward(self, embeds, hidden, positions, attend, *, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, embeds, hidden, positions, attend, *, first: bool,
+                 logits_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft-layer call: embeds [B, T, d], hidden [B, T, width] (target states when
-        `first`, else draft outputs [B, T, d]) -> (output [B, T, d], logits [B, T, Vd] float32+)."""
+        `first`, else draft outputs [B, T, d]) -> (output [B, T, d], logits [B, T, Vd] float32+);
+        with logits_rows [B] int64 the logits of that row only, [B, 1, Vd]."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ vocabularies
@@ -357,14 +363,15 @@ class HeadDrafter:
                               max(lengths), max_kv_len=max(s + n for s, n in zip(starts, lengths)))
         tokens = torch.nn.utils.rnn.pad_sequence([t.to(dev) for t in next_tokens], batch_first=True)  # [n, T]
         states = torch.nn.utils.rnn.pad_sequence([h.to(dev, self.dtype) for h in hidden], batch_first=True)  # [n, T, w]
-        out, logits = self._forward(self.embed(tokens), states, batch.positions, self._attend(batch), first=True)
+        out, logits = self._forward(self.embed(tokens), states, batch.positions, self._attend(batch), first=True,
+                                    logits_rows=_last_index(q_len))
         self._keep_last_rows(torch.tensor(slots, device=dev), out, logits, q_len)
 
     def _keep_last_rows(self, slots: torch.Tensor, out: torch.Tensor, logits: torch.Tensor, q_len: torch.Tensor) -> None:
         """A prefill forward's last row per chunk becomes its slot's `ctx_hidden` / `root_logits`
-        (slots [n] int64; out [n, T, d], logits [n, T, Vd]), and the slot is live."""
+        (slots [n] int64; out [n, T, d]; logits [n, 1, Vd], the last rows' alone), and the slot is live."""
         self.ctx_hidden.index_copy_(0, slots, _last_row(out, q_len).to(self.ctx_hidden.dtype))
-        self.root_logits.index_copy_(0, slots, _last_row(logits, q_len).to(self.root_logits.dtype))
+        self.root_logits.index_copy_(0, slots, logits[:, 0].to(self.root_logits.dtype))
         self.live.index_fill_(0, slots, True)
 
     def use_prefill_buckets(self, max_len: int, *, capture: bool, pool=None, max_rows: int = 1,
@@ -394,7 +401,7 @@ class HeadDrafter:
         slots, q_len = c.slots[:R], c.q_len[:R]
         batch = prefill_batch(self.cache, slots, c.starts[:R], q_len, T, max_kv_len=T)
         out, logits = self._forward(self.embed(c.tokens(key)), c.states(key), batch.positions,
-                                    self._attend(batch), first=True)
+                                    self._attend(batch), first=True, logits_rows=_last_index(q_len))
         self._keep_last_rows(slots, out, logits, q_len)
 
     def reset_slot(self, slot: int) -> None:

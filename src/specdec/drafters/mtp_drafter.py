@@ -90,5 +90,5 @@ class MTPDrafter(HeadDrafter):
             samples_drafts=samples_drafts, seed=seed, policy=policy,
         )
 
-    def _forward(self, embeds, hidden, positions, attend, *, first: bool):
-        return self.model(embeds, hidden, positions, attend, head=self.head)
+    def _forward(self, embeds, hidden, positions, attend, *, first: bool, logits_rows=None):
+        return self.model(embeds, hidden, positions, attend, head=self.head, logits_rows=logits_rows)

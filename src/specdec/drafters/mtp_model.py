@@ -36,7 +36,7 @@ from specdec.models.llama import RMSNorm
 from specdec.models.rope import Rotary
 
 from .draft_attention import causal_attend
-from .draft_layers import DraftAttention, SwiGLU
+from .draft_layers import DraftAttention, SwiGLU, take_rows
 
 __all__ = ["MTPConfig", "MTPModel", "MTPShapeError", "CONCAT_ORDERS", "init_random_"]
 
@@ -178,6 +178,7 @@ class MTPModel(nn.Module):
         attend: Attend,
         *,
         head: Head | None = None,
+        logits_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft forward (decode path; attention through the drafter's callback).
 
@@ -188,12 +189,15 @@ class MTPModel(nn.Module):
             positions: [B, T] int64 RoPE positions (p).
             attend: ``(q [B,T,H,hd], k [B,T,Hkv,hd], v [B,T,Hkv,hd]) -> [B,T,H,hd]``.
             head: the target's output head when the module has no ``lm_head``.
+            logits_rows: [B] int64, or None: the logits of row logits_rows[b] only (a prompt
+                chunk needs its last row's).
         Returns:
-            (feedback [B, T, d] for the next recursive step, logits [B, T, V] float32).
+            (feedback [B, T, d] for the next recursive step, logits [B, T, V] float32;
+            [B, 1, V] with logits_rows).
         """
         self._check(embeds, hidden)
         state = self.block(self.fuse(embeds, hidden), positions, attend)  # [B, T, d]
-        return self.feedback(state), self.logits(state, head)
+        return self.feedback(state), self.logits(state if logits_rows is None else take_rows(state, logits_rows), head)
 
     def sequence_forward(
         self,
