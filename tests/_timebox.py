@@ -16,6 +16,14 @@ import time
 import pytest
 
 
+_IN_WORKER = False  # an xdist worker: the controller receives its reports and writes them
+
+
+def pytest_configure(config) -> None:
+    global _IN_WORKER
+    _IN_WORKER = hasattr(config, "workerinput")
+
+
 def pytest_runtest_setup(item) -> None:
     deadline = os.environ.get("SPECDEC_TEST_DEADLINE")
     if deadline and time.time() > float(deadline):
@@ -24,8 +32,8 @@ def pytest_runtest_setup(item) -> None:
 
 def pytest_runtest_logreport(report) -> None:
     path = os.environ.get("SPECDEC_TEST_REPORT")
-    if not path or (report.when != "call" and report.passed) or os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # under xdist the controller writes: it receives every worker's reports
+    if not path or (report.when != "call" and report.passed) or _IN_WORKER:
+        return
     row = dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome, seconds=round(report.duration, 2))
     if report.failed:
         row["error"] = str(report.longrepr)[-4000:]
