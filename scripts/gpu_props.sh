@@ -76,7 +76,7 @@ SPECDEC_TEST_DEADLINE=$(( $(date +%s) + ${PROPS_DEADLINE_S:-420} )) SPECDEC_TEST
 HYPOTHESIS_PROFILE=gpu timeout -s INT -k 30 510 python -m pytest -q -p no:cacheprovider -n 8 --dist $dist --durations=25 \
   -rfEs "${files[@]}" > "$out/props_$part.log" 2>&1
 rc=$?
-summary=$(grep -E "passed|failed|error" "$out/props_$part.log" | tail -1)
+summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$out/props_$part.log" | tail -1)  # pytest's last line
 late=$(grep -c 'session deadline' "$out/props_$part.jsonl" 2>/dev/null)
 [ "${late:-0}" -gt 0 ] && summary="$late tests not started by the ${PROPS_DEADLINE_S:-420} s deadline; $summary" && rc=1
 echo "gpu_props $part: rc $rc, $((SECONDS - start)) s, ${#files[@]} files: $summary"
