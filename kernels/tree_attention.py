@@ -391,6 +391,12 @@ def _block_m(rows: int) -> int:
     return min(64, max(16, 1 << max(0, rows - 1).bit_length()))
 
 
+def _heavy_tile(rows: int) -> bool:
+    """Whether a program's tile holds >= 32 query rows (tree and prefill tiles; decode tiles
+    hold fewer): the split rules below treat the two kinds differently."""
+    return min(rows, _block_m(rows)) >= 32
+
+
 def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num_sms: int) -> int:
     """Key splits so that the grid fills the GPU: >= 1, at most 32, and at most
     max_kv_len // 128 (a split of the longest row has >= 128 keys). `rows`: query rows per
@@ -404,9 +410,8 @@ def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num
     keeps the GPU busy. Measured on the H200 (8B layout, context 256, N = 49, 32 layers):
     batch 8 tree verify, 256 programs, 1.09 ms unsplit vs 1.80 ms at the 2 splits the 2-per-SM
     target picked; batch 1, 32 programs, 2 splits stay best (0.71 vs 0.78 ms)."""
-    block_m = _block_m(rows)
-    programs = batch * kv_heads * -(-rows // block_m)
-    if min(rows, block_m) >= 32 and programs >= num_sms:
+    programs = batch * kv_heads * -(-rows // _block_m(rows))
+    if _heavy_tile(rows) and programs >= num_sms:
         return 1
     want = -(-2 * num_sms // programs)
     return max(1, min(want, max_kv_len // 128, 32))
@@ -425,7 +430,12 @@ def choose_min_split_keys(rows: int) -> int:
     0.225 both; notes/gpu/issue20/attention_ctx256_max2048_712ced3.log): near-empty splits
     cost nothing measurable on the 8B layout. Kept as the rule for the bound; the SmolLM2
     layout (hd 64, 3 KV heads, 9 programs per tree tile row) is not measured yet."""
-    return 128 if min(rows, _block_m(rows)) >= 32 else 32
+    return 128 if _heavy_tile(rows) else 32
+
+
+def _check_positive(value, name: str, default: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be an int >= 1 (or None: {default})")
 
 
 def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None, autotune=None,
@@ -455,14 +465,13 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         q = q.contiguous()
     B, T, H, _ = q.shape
     hkv = cache.num_kv_heads[layer]
+    rows = T * (H // hkv)  # query rows per (request, KV head)
     if num_splits is None:
-        num_splits = choose_num_splits(B, hkv, T * (H // hkv), batch.max_kv_len, cache.num_sms)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits={num_splits!r} must be an int >= 1 (or None: chosen from the grid size)")
+        num_splits = choose_num_splits(B, hkv, rows, batch.max_kv_len, cache.num_sms)
+    _check_positive(num_splits, "num_splits", "chosen from the grid size")
     if min_split_keys is None:
-        min_split_keys = choose_min_split_keys(T * (H // hkv))
-    if isinstance(min_split_keys, bool) or not isinstance(min_split_keys, int) or min_split_keys < 1:
-        raise ValueError(f"min_split_keys={min_split_keys!r} must be an int >= 1 (or None: chosen from the tile)")
+        min_split_keys = choose_min_split_keys(rows)
+    _check_positive(min_split_keys, "min_split_keys", "chosen from the tile")
     positions = query_positions(batch) if sliding_window is not None else None
     out = paged_attention_triton(
         q,

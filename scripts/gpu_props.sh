@@ -67,13 +67,12 @@ start=$SECONDS
 # run in turn on one worker (test_attention.py held the kernels part past 8 minutes; the
 # engine part's test_compiled_step.py holds ~6 minutes); a module fixture is then built once
 # per worker that runs a test of the module, which costs time but not wall time.
-dist=load
 # Tests that would start after 420 s (PROPS_DEADLINE_S) are skipped (tests/_timebox.py), so pytest ends on its
 # own with its summary and slowest tests; every failure and duration is also written to
 # props_<part>.jsonl as it happens. The timeout is the last resort (SIGINT at 510 s).
 rm -f "$out/props_$part.jsonl"
 SPECDEC_TEST_DEADLINE=$(( $(date +%s) + ${PROPS_DEADLINE_S:-420} )) SPECDEC_TEST_REPORT="$out/props_$part.jsonl" \
-HYPOTHESIS_PROFILE=gpu timeout -s INT -k 30 510 python -m pytest -q -p no:cacheprovider -n 8 --dist $dist --durations=25 \
+HYPOTHESIS_PROFILE=gpu timeout -s INT -k 30 510 python -m pytest -q -p no:cacheprovider -n 8 --dist load --durations=25 \
   -rfEs "${files[@]}" > "$out/props_$part.log" 2>&1
 rc=$?
 summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$out/props_$part.log" | tail -1)  # pytest's last line

@@ -4,7 +4,8 @@ SPECDEC_TEST_DEADLINE (Unix seconds): tests that would start after it are skippe
 "session deadline"), so pytest ends on its own with its summary and slowest tests instead of
 being interrupted (SIGINT under xdist crashed the controller, INTERNALERROR, and lost which
 tests had failed). SPECDEC_TEST_REPORT (a path): one JSON line per test phase that did not
-pass quietly, plus every call's duration, appended as each test finishes, from every worker.
+pass quietly, plus every call's duration, appended as each test finishes (under xdist by the
+controller, which receives every worker's reports: one writer, whole lines).
 """
 
 from __future__ import annotations
@@ -39,5 +40,5 @@ def pytest_runtest_logreport(report) -> None:
         row["error"] = str(report.longrepr)[-4000:]
     elif report.skipped:
         row["reason"] = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
-    with open(path, "a") as f:  # one short write per line: lines from several workers do not interleave
+    with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")

@@ -41,6 +41,7 @@ from collections.abc import Callable
 import torch
 
 from specdec.compile_scope import compile_private
+from specdec.drafters.draft_layers import take_rows
 from specdec.config import ConfigError, SpecConfig
 from specdec.ops.random import STREAM_DRAFT, counter_uniforms
 from specdec.ops.sampling import sample_from_probs
@@ -127,7 +128,7 @@ def _last_index(q_len: torch.Tensor) -> torch.Tensor:
 
 def _last_row(x: torch.Tensor, q_len: torch.Tensor) -> torch.Tensor:
     """Row q_len - 1 of each batch row: x [B, T, w] -> [B, w] (row 0 where q_len is 0)."""
-    return torch.gather(x, 1, _last_index(q_len)[:, None, None].expand(-1, -1, x.shape[-1]))[:, 0]
+    return take_rows(x, _last_index(q_len))[:, 0]
 
 
 def _draft_to_target(draft_tokens: torch.Tensor, target_ids: torch.Tensor | None) -> torch.Tensor:
