@@ -160,3 +160,71 @@ def test_deferred_plain_steps_leave_the_drafter_where_ingesting_ones_do(targets,
     for (logits, ctx), (ref_logits, ref_ctx) in zip(states, ref_states):
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(ctx, ref_ctx, rtol=1e-4, atol=1e-4)
+
+
+def _forced(dec, pattern: str):
+    """Force the rule's choices: 'S' speculative, anything else the plain step due."""
+    decisions = iter(pattern)
+    dec.engine.adaptive_rule.choose = lambda bucket, running, plain: next(decisions, "P") == "S"
+
+
+def test_a_plain_step_runs_no_draft_forward_and_verifies_the_root_alone(targets, monkeypatch):
+    """An ingesting plain step runs the drafter's ingest forward only (the draft loop once ran
+    there too and its trees were thrown away: the plain step cost what a speculative one did),
+    and the engine's verifier picks its token on a one-node tree (the greedy walk, not a sort
+    over the vocabulary)."""
+    ref = _run(SpecDecoder(targets["llama"], SpecConfig(**BASE, drafter="none")), n=12)
+    dec = SpecDecoder.from_pretrained(targets["llama"], targets["head"],
+                                      SpecConfig(**BASE, drafter="eagle3", max_draft_len=3, adaptive=True))
+    dec.engine.defer_depth = None  # every plain step ingests
+    dec.warmup(progress=False)
+    drafter, verifier_type = dec.engine.strategies.drafter, type(dec.engine.strategies.verifier)
+    forwards, trees = [], []
+    inner_forward, inner_verifier = drafter._forward, verifier_type.__call__
+
+    def forward(*args, first: bool, logits_rows=None, **kw):
+        if logits_rows is None:  # a step's forward (a prompt's keeps only its last rows' logits)
+            forwards[-1].append(first)
+        return inner_forward(*args, first=first, logits_rows=logits_rows, **kw)
+
+    def verifier(self, tokens, *args, **kw):
+        trees.append(tokens.shape[1])
+        return inner_verifier(self, tokens, *args, **kw)
+
+    drafter._forward = forward
+    monkeypatch.setattr(verifier_type, "__call__", verifier)
+    pattern = "SPPSPP"
+
+    class StepMarks:
+        def on_step(self, engine, accept_length):
+            forwards.append([])
+
+    forwards.append([])
+    dec.add_observer(StepMarks())
+    _forced(dec, pattern)
+    assert [r.token_ids for r in dec.generate(PROMPTS[:2], SamplingParams(max_new_tokens=12, ignore_eos=True))] == ref[:2]
+    steps = forwards[:-1]  # the last entry opened after the last step
+    assert len(steps) >= len(pattern) and trees == [4 if k == "S" else 1 for k in pattern + "P" * (len(steps) - len(pattern))]
+    for kind, calls in zip(pattern, steps):  # chain D=3: 4 nodes; plain: the root alone
+        if kind == "S":  # the ingest, then one forward per draft depth after the root's
+            assert calls == [True, False, False], steps
+        else:
+            assert calls == [True], steps  # the ingest alone
+
+
+@pytest.mark.parametrize("verifier, cfg", [("target-only", dict(max_draft_len=3)),
+                                           ("speculative", dict(tree="dynamic", topk=2, max_draft_len=3))])
+def test_sampled_plain_steps_draw_what_target_only_decoding_draws(targets, verifier, cfg):
+    """A sampled request's plain steps draw with the verifiers' rule and the step's counter-based
+    uniforms (node 0's lanes), so an engine that only runs plain steps emits, seed for seed,
+    exactly the tokens of target-only decoding with the target-only verifier, whose one-node
+    trees draw the same way (what makes its output follow the target distribution, which
+    test_sampling checks statistically)."""
+    params = [SamplingParams(max_new_tokens=30, ignore_eos=True, temperature=0.9, top_p=0.95, seed=s) for s in (3, 11)]
+    ref = SpecDecoder(targets["llama"], SpecConfig(**BASE, drafter="none", verifier="target-only"))
+    want = [r.token_ids for r in ref.generate(PROMPTS[:2], params)]
+    dec = SpecDecoder.from_pretrained(targets["llama"], targets["head"],
+                                      SpecConfig(**BASE, drafter="eagle3", verifier=verifier, **cfg, adaptive=True))
+    dec.warmup(progress=False)
+    _forced(dec, "")
+    assert [r.token_ids for r in dec.generate(PROMPTS[:2], params)] == want

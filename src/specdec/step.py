@@ -144,6 +144,35 @@ def advance_state(active, accept_length, accept_tokens, root_tokens, committed_l
     handoff[:, 1:].copy_(new_accept_tokens)
 
 
+def append_to_path(active, accept_length, accept_tokens, root_tokens, committed_len, hidden_path, handoff,
+                   token, captured) -> None:
+    """A deferred plain step's advance, in place (one compiled piece when the step is compiled).
+    The drafter has not ingested the path, so the new token (and the target's state at the root)
+    become its next row, as if the last step had accepted one more draft. The path then covers
+    every position since the drafter last ran, and the next step that runs the drafter ingests
+    them in one forward. The engine runs this only while every active path stays within the
+    drafter's depth (rows <= D + 1). The hand-off reports one token (accept length 0), like any
+    plain step.
+
+    Args (state views, updated in place): active, accept_length, accept_tokens [B, N],
+        root_tokens, committed_len, hidden_path ([B, N, w] or None), handoff [B, N + 1];
+        token: [B] the step's token; captured: [B, 1, w] the target's state at the root, or None.
+    """
+    row = (accept_length + 1).clamp(0, accept_tokens.shape[1] - 1)  # [B] the new row of each path
+    rows = row[:, None]  # [B, 1]
+    accept_tokens.scatter_(1, rows, torch.where(active, token, accept_tokens.gather(1, rows)[:, 0])[:, None])
+    if hidden_path is not None and captured is not None:
+        h = rows[:, :, None].expand(-1, -1, hidden_path.shape[-1])  # [B, 1, w]
+        new = torch.where(active[:, None, None], captured[:, :1].to(hidden_path.dtype), hidden_path.gather(1, h))
+        hidden_path.scatter_(1, h, new)
+    accept_length.copy_(torch.where(active, row, accept_length))
+    root_tokens.copy_(torch.where(active, token, root_tokens))
+    committed_len.add_(active.long())
+    handoff.fill_(-1)
+    handoff[:, 0].fill_(0)
+    handoff[:, 1].copy_(token)
+
+
 class DeviceStep:
     """The device part of one speculative step over a `StepState` (see the module docstring).
 
@@ -166,6 +195,7 @@ class DeviceStep:
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
         self.uniforms = compile_private(counter_uniforms, dynamic=True, fullgraph=True) if compiled else counter_uniforms
         self.advance = compile_private(advance_state, dynamic=True, fullgraph=True) if compiled else advance_state
+        self.append = compile_private(append_to_path, dynamic=True, fullgraph=True) if compiled else append_to_path
 
     @staticmethod
     def _mark(timer, phase: str) -> None:
@@ -220,9 +250,12 @@ class DeviceStep:
     def _plain(self, state: StepState, kv_len: int, timer=None) -> None:
         """One token per request: the drafter ingests the path it has not seen (its KV stays
         current) but drafts nothing, or, deferred (`defer`), does not run at all; the target
-        runs the root alone ([B, 1]), and the token is drawn from the request's sampling
-        distribution with the verifiers' draw rule (what every lossless verifier does on a
-        root-only tree)."""
+        runs the root alone ([B, 1]), and the engine's verifier picks the token on that root-only
+        tree (every lossless verifier then draws from the request's sampling distribution; a
+        greedy one takes the argmax, so a plain step costs what a target-only step costs: the
+        sort over the vocabulary that sampling needs made a batch-64 plain step of the 8B shape
+        15% slower than target-only's). A verifier that needs draft_probs gets none here, so its
+        draw rule runs directly."""
         from .ops.sampling import probs_for, sample_from_probs
 
         s, active = self.strategies, state.active
@@ -241,10 +274,16 @@ class DeviceStep:
         self._mark(timer, "draft")
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len)
         self._mark(timer, "verify")
-        u = self.uniforms(state.sampling.seed, state.committed_len, 2, STREAM_VERIFY)  # [B, 2], node 0's lanes
-        token = sample_from_probs(probs_for(logits, state.sampling)[:, 0], u[:, 1])  # [B]
+        u = None  # [B, 1, 2] node 0's lanes of the step's draws
+        if self.needs_draws:
+            u = self.uniforms(state.sampling.seed, state.committed_len, 2, STREAM_VERIFY).view(B, 1, 2)
+        if s.verifier_caps.needs_draft_probs:  # no drafts, so no draft_probs: the draw rule itself
+            token = sample_from_probs(probs_for(logits, state.sampling)[:, 0], u[:, 0, 1])  # [B]
+        else:  # the verifier's own kernel on the root-only tree (greedy: an argmax, no sort over V)
+            token = s.verifier(tokens, tree, logits, state.sampling, uniforms=u).accept_tokens[:, 0]  # [B]
         if self.defer:
-            return self._append_to_path(state, token, captured)
+            return self.append(state.active, state.accept_length, state.accept_tokens, state.root_tokens,
+                               state.committed_len, state.hidden_path, state.handoff, token, captured)
         accept_tokens = torch.full_like(state.accept_tokens, -1)
         accept_tokens[:, 0] = token
         accept_nodes = torch.full_like(state.accept_tokens, -1)
@@ -253,29 +292,6 @@ class DeviceStep:
         if captured is not None:  # widen [B, 1, w] to the [B, N, w] the advance gathers from
             captured = captured.expand(-1, state.num_nodes, -1)
         self._advance(state, accept_nodes, accept_tokens, zero, captured)
-
-    @staticmethod
-    def _append_to_path(state: StepState, token: torch.Tensor, captured) -> None:
-        """A deferred plain step's advance: the drafter has not ingested the path, so the new
-        token (and the target's state at the root) become its next row, as if the last step had
-        accepted one more draft. The path then covers every position since the drafter last ran,
-        and the next step that runs the drafter ingests them in one forward. The engine runs this
-        only while every active path stays within the drafter's depth (rows <= D + 1).
-        The hand-off reports one token (accept length 0), like any plain step."""
-        active = state.active
-        row = (state.accept_length + 1).clamp(0, state.num_nodes - 1)  # [B] the new row of each path
-        rows = row[:, None]  # [B, 1]
-        state.accept_tokens.scatter_(1, rows, torch.where(active, token, state.accept_tokens.gather(1, rows)[:, 0])[:, None])
-        if state.hidden_path is not None and captured is not None:
-            h = rows[:, :, None].expand(-1, -1, state.hidden_path.shape[-1])  # [B, 1, w]
-            new = torch.where(active[:, None, None], captured[:, :1].to(state.hidden_path.dtype), state.hidden_path.gather(1, h))
-            state.hidden_path.scatter_(1, h, new)
-        state.accept_length.copy_(torch.where(active, row, state.accept_length))
-        state.root_tokens.copy_(torch.where(active, token, state.root_tokens))
-        state.committed_len.add_(active.long())
-        state.handoff.fill_(-1)
-        state.handoff[:, 0].fill_(0)
-        state.handoff[:, 1].copy_(token)
 
     def _advance(self, state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:
         """The state after a verification (in place), and the hand-off row the host reads."""

@@ -70,7 +70,8 @@ class DraftInput:
     active: torch.Tensor  # [B] bool
     sampling: SamplingTensors | None = None
     max_kv_len: int | None = None
-    draft: bool = True  # False: ingest the accepted paths only and return root-only trees (adaptive steps)
+    draft: bool = True  # False: ingest the accepted paths only and return root-only trees without
+    # draft_probs; no draft forward may run (the adaptive engine's plain step, priced as target-only + ingest)
 
 
 @runtime_checkable

@@ -468,6 +468,8 @@ class HeadDrafter:
         kv_len = inputs.max_kv_len or self.max_seq_len
         live = self.live[:B] & inputs.active.to(dev)  # [B]
         self._ingest(inputs, live, kv_len)
+        if not inputs.draft:  # an adaptive plain step: the KV is current, nothing is drafted
+            return self._root_only(inputs.root_tokens.to(dev))
         committed = inputs.committed_len.to(dev)  # [B]
         sampling = inputs.sampling
         temperature = None if sampling is None else sampling.temperature
@@ -501,6 +503,16 @@ class HeadDrafter:
 
         grown = self.policy.grow(expand, B, dev)
         return self._draft_tree(inputs.root_tokens.to(dev), grown, live)
+
+    def _root_only(self, root_tokens: torch.Tensor) -> DraftTree:
+        """Root-only trees [B, N] without draft_probs (what an ingest-only `propose` returns;
+        the plain step that asks for it reads nothing of it): no draft forward runs."""
+        B, N = root_tokens.shape[0], self.num_tree_slots
+        tokens = torch.zeros(B, N, dtype=torch.int64, device=self.device)
+        tokens[:, 0] = root_tokens
+        parents = torch.full((B, N), -1, dtype=torch.int64, device=self.device)
+        num_nodes = torch.ones(B, dtype=torch.int64, device=self.device)
+        return DraftTree(tokens=tokens, parents=parents, num_nodes=num_nodes)
 
     def _draft_tree(self, root_tokens: torch.Tensor, grown, live: torch.Tensor) -> DraftTree:
         B, S = grown.tokens.shape
