@@ -14,7 +14,7 @@ Phases: verify (the target forward), draft.model (the head's forwards), draft.in
 draft.policy (the tree policy's loop), draft.compiled (compiled glue), draft (the rest of
 propose) and other (tree build, verification, relocation, state advance).
 
-    TRITON_INTERPRET=1 python examples/count_launches.py            # target-only, chain-5, tree-60
+    TRITON_INTERPRET=1 python examples/count_launches.py            # every setup below
     TRITON_INTERPRET=1 python examples/count_launches.py chain-5
     TRITON_INTERPRET=1 python examples/count_launches.py --json     # one JSON line per setup (tests)
 
@@ -45,6 +45,10 @@ SETUPS = {
     "target-only": SpecConfig(drafter="none"),
     "chain-5": SpecConfig(drafter="eagle3", max_draft_len=5),
     "tree-60": SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=10, max_total_draft_tokens=60),
+    # adaptive chain-5's plain steps, forced: the drafter ingests (plain) or is skipped (deferred);
+    # a deferred step should launch what target-only's does, a plain one that plus the ingest
+    "chain-5-plain": SpecConfig(drafter="eagle3", max_draft_len=5, adaptive=True),
+    "chain-5-deferred": SpecConfig(drafter="eagle3", max_draft_len=5, adaptive=True),
 }
 # not launches: views, metadata, the custom-op wrappers around Triton kernels (counted as kernels)
 NOT_LAUNCHES = {
@@ -147,6 +151,11 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     counter.wrap(engine.runner, "verify", "verify")
     for step in engine.steps.values():  # the state advance: one compiled piece
         counter.wrap(step, "advance", "other", opaque=True)
+        counter.wrap(step, "append", "other", opaque=True)
+    if config.adaptive:  # force the plain step due: deferred while the path allows, else ingesting
+        engine.adaptive_rule.choose = lambda bucket, running, plain: False
+        if key.endswith("-plain"):
+            engine.defer_depth = None
     engine.submit(list(range(1, 40)), SamplingParams(max_new_tokens=20, ignore_eos=True))
     for _ in range(3):  # prefill, then steps: the counted one is a steady-state step
         engine.run_iteration()

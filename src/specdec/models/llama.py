@@ -27,7 +27,7 @@ from ..distributed import SINGLE, TPGroup
 from ..runtime.attention import AttentionBatch, attention
 from ..runtime.kv_cache import PagedKVCache
 from . import fused
-from .capture import CaptureBuffer
+from .capture import CaptureBuffer, LayerTap
 from .config import ModelConfig
 from .parallel import RowParallelLinear, ShardLayout, VocabParallelEmbedding, VocabParallelHead
 from .rope import Rotary
@@ -183,7 +183,7 @@ class DecoderLM(nn.Module):
         cache: PagedKVCache,
         batch: AttentionBatch,
         *,
-        capture: CaptureBuffer | None = None,
+        capture: "CaptureBuffer | LayerTap | None" = None,
         logits_index: torch.Tensor | None = None,
     ) -> ModelOutput:
         """One forward over B rows of T tokens (prefill, decode or tree verify).
@@ -193,7 +193,7 @@ class DecoderLM(nn.Module):
             positions: [B, T] int64 RoPE positions (tree node: cache_len + depth).
             cache: written in place for every valid token (batch.write_index).
             batch: attention metadata shared by all layers.
-            capture: if given, real rows of the captured layers' outputs are stored in it.
+            capture: if given, the captured layers' outputs are stored in it (a buffer: real rows only).
             logits_index: [B, M] int64 token columns to compute logits for (None = all T).
         Returns:
             ModelOutput(logits [B, T or M, V] float32, last_hidden [B, T, d]).

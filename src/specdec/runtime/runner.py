@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SpecConfig
-from ..models.capture import CaptureBuffer, capture_max_tokens
+from ..models.capture import CaptureBuffer, LayerTap, capture_max_tokens
 from ..types import TreeMeta
 from .batch import prefill_batch, tree_batch
 from .bucket_graphs import BucketGraphs, PaddedChunks, bucket_grid
@@ -192,11 +192,11 @@ class ModelRunner:
         committed_len + N over active slots (keys to scan); None = max_seq_len.
         """
         batch = tree_batch(self.cache, committed_len, tree, num_nodes, max_kv_len=kv_len)
-        out = self.model(tokens, batch.positions, self.cache, batch, capture=self.capture)
+        tap = None if self.capture is None else LayerTap(self.capture.layers)  # no buffer round trip
+        out = self.model(tokens, batch.positions, self.cache, batch, capture=tap)
         hidden = None
-        if self.capture is not None:
-            rows = self.capture.row_index(num_nodes, tokens.shape[1])  # [B, N]; padding -> sink row
-            hidden = self.capture.gather(rows)  # [B, N, d*nc]
+        if tap is not None:
+            hidden = tap.stacked()  # [B, N, d*nc]; padding rows unused
         elif self.keep_last_hidden:
             hidden = out.last_hidden  # [B, N, d]
         return out.logits, hidden
