@@ -94,6 +94,26 @@ def test_a_fresh_estimate_is_its_prior():
     assert fresh.p(1) == pytest.approx(pool.p(1)) == pytest.approx(1 / 10)
 
 
+def test_expected_tokens_follow_every_observation_of_the_estimate_or_its_prior():
+    """The per-request sums are cached between observations (plain steps observe nothing);
+    an observation of the request or of the pool it borrows from shows in the next read."""
+    pool = DepthAcceptance(3, forget=1.0)
+    req = DepthAcceptance(3, forget=0.7, prior=pool)
+
+    def fresh(est, limit):
+        ps = est.probabilities()
+        return 1 + sum(ps[0] * (ps[1] if d > 1 else 1) * (ps[2] if d > 2 else 1) for d in range(1, limit + 1))
+
+    seen = []
+    for step, (who, a) in enumerate([(pool, 0), (req, 2), (pool, 3), (req, 0), (None, 0), (pool, 1)]):
+        if who is not None:
+            who.observe(a, 3)
+        for limit in (3, 1, 3):  # another limit, then back: never a stale sum
+            assert req.expected_tokens(limit) == pytest.approx(fresh(req, limit)), (step, limit)
+        seen.append(req.expected_tokens(3))
+    assert seen[4] == seen[3] and len(set(seen)) == 5  # only the step without an observation repeats
+
+
 @pytest.mark.parametrize("a, limit", [(-1, 2), (3, 2), (1, 5)])
 def test_an_impossible_observation_is_an_error(a, limit):
     with pytest.raises(ValueError, match=rf"accept_length={a} must lie in \[0, depth_limit={limit}\]"):
