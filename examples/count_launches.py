@@ -58,7 +58,7 @@ NOT_LAUNCHES = {
     "kv_write", "paged_attention", "build_tree", "verify_greedy", "verify_target_only", "verify_speculative",
     "relocate_kv",
 }
-DRAFTER_PIECES = ("best_children", "depth_inputs", "ingest_inputs", "ingest_outputs")
+DRAFTER_PIECES = ("best_children", "depth_inputs", "ingest_inputs", "ingest_outputs", "tree_of")
 POLICY_PIECES = ("_rank", "_score_call", "_next_frontier", "_finish")
 
 

@@ -142,6 +142,18 @@ def _ingest_outputs(out, logits, q_len, ingest, ctx, root):
             torch.where(ingest[:, None], _last_row(logits, q_len).to(root.dtype), root))
 
 
+def _tree_of(root_tokens, grown_tokens, grown_parents, grown_num_nodes, live, target_ids):
+    """The policy's grown tree [B, S] under each slot's root -> (tokens [B, N] target ids,
+    parents [B, N], num_nodes [B]); slots without draft state (`live` False) get a root-only
+    tree. One compiled piece (eagerly ~8 launches a step)."""
+    B = grown_tokens.shape[0]
+    keep = live[:, None]  # [B, 1]
+    tokens = torch.cat([root_tokens[:, None], torch.where(keep, _draft_to_target(grown_tokens, target_ids), 0)], 1)
+    root = torch.full((B, 1), -1, dtype=torch.int64, device=grown_parents.device)
+    parents = torch.cat([root, torch.where(keep, grown_parents, -1)], 1)
+    return tokens, parents, torch.where(live, grown_num_nodes + 1, 1)
+
+
 def _bit(k: int) -> int:
     return -(1 << 31) if k == 31 else 1 << k  # int32 sign bit for bit 31
 
@@ -234,9 +246,10 @@ class HeadDrafter:
             dtype=self.dtype,
         )
         self._owns_cache = True
-        self.best_children = _best_children  # `use_compiled` swaps in compiled pieces for these four
+        self.best_children = _best_children  # `use_compiled` swaps in compiled pieces for these five
         self.depth_inputs = _depth_inputs
         self.ingest_inputs, self.ingest_outputs = _ingest_inputs, _ingest_outputs
+        self.tree_of = _tree_of
         self.attn_impl = "auto"  # `runtime.attention` impl: Triton on CUDA, the reference on CPU
         self.scale = head_dim**-0.5
         self.ctx_hidden = torch.zeros(B, hidden_size, device=self.device, dtype=self.dtype)  # [B, d]
@@ -260,6 +273,7 @@ class HeadDrafter:
         self.depth_inputs = compile_private(_depth_inputs, dynamic=True, fullgraph=True) if on else _depth_inputs
         self.ingest_inputs = compile_private(_ingest_inputs, dynamic=True, fullgraph=True) if on else _ingest_inputs
         self.ingest_outputs = compile_private(_ingest_outputs, dynamic=True, fullgraph=True) if on else _ingest_outputs
+        self.tree_of = compile_private(_tree_of, dynamic=True, fullgraph=True) if on else _tree_of
         self.policy.use_compiled(on)
 
     def attach(self, cache: PagedKVCache) -> None:
@@ -515,13 +529,10 @@ class HeadDrafter:
         return DraftTree(tokens=tokens, parents=parents, num_nodes=num_nodes)
 
     def _draft_tree(self, root_tokens: torch.Tensor, grown, live: torch.Tensor) -> DraftTree:
-        B, S = grown.tokens.shape
+        B = grown.tokens.shape[0]
         keep = live[:, None]  # [B, 1]; other slots get a root-only tree
-        tokens = torch.cat([root_tokens[:, None], torch.where(keep, self._to_target(grown.tokens), 0)], 1)  # [B, N]
-        parents = torch.cat(
-            [torch.full((B, 1), -1, dtype=torch.int64, device=self.device), torch.where(keep, grown.parents, -1)], 1
-        )  # [B, N]
-        num_nodes = torch.where(live, grown.num_nodes + 1, 1)  # [B]
+        tokens, parents, num_nodes = self.tree_of(root_tokens, grown.tokens, grown.parents, grown.num_nodes, live,
+                                                  self.target_ids)  # [B, N], [B, N], [B]
         draft_probs = None
         if self.samples_drafts:
             index = torch.cat([torch.zeros(B, 1, dtype=torch.int64, device=self.device), grown.dist_index], 1)  # [B, N]
