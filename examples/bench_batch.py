@@ -137,11 +137,51 @@ class PhaseClock:
         delattr(self.engine, self.method)
 
 
+class ForwardCounter:
+    """Prompt forwards of the target runner and the drafter during a run, and the chunk tokens
+    they carried (wrapped on the instances, unwrapped by `stop`): how a run's prefill time
+    splits into forwards, so decoders that prefill the same prompts can be compared."""
+
+    def __init__(self, engine) -> None:
+        self.counts = {"target": [0, 0], "draft": [0, 0]}  # role -> [forwards, tokens]
+        self._depth = {"target": 0, "draft": 0}
+        self._wrapped = []
+        drafter = engine.strategies.drafter
+        for role, owner in (("target", engine.runner), ("draft", drafter if hasattr(drafter, "model") else None)):
+            for method, many in (("prefill", False), ("prefill_many", True)):
+                if owner is not None and hasattr(owner, method):  # a drafter without a model runs no forward
+                    self._wrap(owner, method, role, many)
+
+    def _wrap(self, owner, method: str, role: str, many: bool) -> None:
+        inner = getattr(owner, method)
+        count = self.counts[role]
+        depth = self._depth
+
+        def counted(slots, chunks, *args, **kwargs):
+            if not depth[role]:  # the outermost call (`prefill` may go through `prefill_many`)
+                count[0] += 1
+                count[1] += sum(len(c) for c in chunks) if many else len(chunks)
+            depth[role] += 1
+            try:
+                return inner(slots, chunks, *args, **kwargs)
+            finally:
+                depth[role] -= 1
+
+        setattr(owner, method, counted)
+        self._wrapped.append((owner, method))
+
+    def stop(self) -> dict:
+        for owner, method in self._wrapped:
+            delattr(owner, method)
+        return {f"{role}_{what}": n for role, (f, t) in self.counts.items() for what, n in (("forwards", f), ("tokens", t))}
+
+
 def timed_run(dec, batch, params, device) -> dict:
     """One timed `generate` of `batch` on a warm decoder: tok/s, tau, and its time split into
     steps / prefill (admission) / other."""
     engine = dec.engine
     prefill = PhaseClock(engine, "_advance_prefills")  # host time admitting prompts (ends in a sync per prompt)
+    forwards = ForwardCounter(engine)
     steps_before = engine.step_times.seconds
     with TimedRegion() as region:
         sync(device)
@@ -150,6 +190,7 @@ def timed_run(dec, batch, params, device) -> dict:
         sync(device)
         seconds = time.perf_counter() - t0
     prefill.stop()
+    prefill_forwards = forwards.stop()
     step_s = engine.step_times.seconds - steps_before
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.stats.steps for r in results)
@@ -157,7 +198,7 @@ def timed_run(dec, batch, params, device) -> dict:
                 tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1),
                 step_s=step_s, prefill_s=prefill.seconds, other_s=seconds - step_s - prefill.seconds,
                 decode_tok_s=(tokens - len(results)) / step_s if step_s else float("nan"),  # tokens the steps made
-                gc_ms=region.gc_ms, gc_collections=region.collections)
+                gc_ms=region.gc_ms, gc_collections=region.collections, **prefill_forwards)
 
 
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
@@ -192,6 +233,8 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     log(f"  {kind}: median of {len(runs)}: {med['seconds']:.2f} s = steps {med['step_s']:.2f} + prefill "
         f"{med['prefill_s']:.2f} + other {med['other_s']:.2f}; decode {med['decode_tok_s']:.0f} tok/s; gc "
         f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
+    log(f"  {kind}: prompt forwards: target {med['target_forwards']} ({med['target_tokens']} tokens), "
+        f"draft head {med['draft_forwards']} ({med['draft_tokens']} tokens)")
     for d in row["decision_summary"] or []:
         log(f"  adaptive bucket {d['bucket']:>3} {d['variant']:<11} steps {d['steps']:>4} (probes {d['probes']:>3}) "
             f"predicted {d['predicted_tok_s']:8.1f} tok/s, measured {d['measured_tok_s']:8.1f} tok/s (step tokens / step seconds)")
