@@ -227,6 +227,8 @@ class HeadDrafter:
             raise ConfigError(f"topk={widest} exceeds the {self.kind}'s vocabulary ({draft_vocab_size})")
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        if hasattr(self.policy, "prepare"):  # the built-in policies' constants, before any step runs
+            self.policy.prepare(self.device)
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         widths = self.policy.widths  # F_t rows of forward t (t >= 1)
         self.row_offsets = tuple(sum(widths[1:t]) for t in range(self.depth))  # first row of forward t

@@ -59,6 +59,7 @@ class FrontierPolicy:
         self.history_size = history
         # the loop's tensor glue, eager; `use_compiled` swaps in compiled copies
         self._score_call, self._next_frontier, self._finish = _score_call, _next_frontier, _finish
+        self._consts_by_device: dict[torch.device, dict[str, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ subclass hooks
     def _pick(self, t: int, score: torch.Tensor) -> torch.Tensor:
@@ -79,6 +80,28 @@ class FrontierPolicy:
         for name, fn in glue.items():
             setattr(self, f"_{name}", compile_private(fn, dynamic=True, fullgraph=True) if on else fn)
 
+    # ------------------------------------------------------------------ constants
+    def prepare(self, device) -> None:
+        """Make the loop's constant tensors on `device` now (a drafter calls this when it is
+        built): a step then reads them as expanded views, no launch each, and a whole step
+        compiled as one graph finds them already there (made inside its first trace, they
+        changed the policy's state between two calls and forced a recompile)."""
+        device = torch.device(device)
+        self._const("root_score", device, lambda d: torch.zeros(1, 1, device=d))
+        self._const("root_hist", device, lambda d: torch.full((1, 1), -1, dtype=torch.int64, device=d))
+        self._const("zero", device, lambda d: torch.zeros(1, 1, dtype=torch.int64, device=d))
+        M = self.history_size
+        self._const(f"arange{M}", device, lambda d: torch.arange(M, device=d)[None])
+
+    def _const(self, name: str, device: torch.device, make) -> torch.Tensor:
+        """A constant tensor of this policy on `device`, made once by `make(device)` (by
+        `prepare`, or at the first use: an eager run outside any captured graph, as
+        `StaticPolicy`'s indices) and read as expanded views by every later step."""
+        consts = self._consts_by_device.setdefault(device, {})
+        if name not in consts:
+            consts[name] = make(device)
+        return consts[name]
+
     # ------------------------------------------------------------------ the loop
     def grow(self, expand, batch: int, device) -> GrownTree:
         B = batch
@@ -86,9 +109,11 @@ class FrontierPolicy:
         hist_tok, hist_score, hist_parent = [], [], []
         expanded = []  # (history index of the frontier nodes [B, F], first dist row)
         probs = []
-        fr_score = torch.zeros(B, 1, device=device)  # [B, F] path score of the frontier nodes
-        fr_hist = torch.full((B, 1), -1, dtype=torch.int64, device=device)  # -1 = the root
-        fr_tok, parent_slot = None, torch.zeros(B, 1, dtype=torch.int64, device=device)
+        # the root's row, read-only: [B, 1] path score 0, history index -1, parent row 0
+        fr_score = self._const("root_score", device, lambda d: torch.zeros(1, 1, device=d)).expand(B, 1)
+        fr_hist = self._const("root_hist", device, lambda d: torch.full((1, 1), -1, dtype=torch.int64, device=d)).expand(B, 1)
+        zero = self._const("zero", device, lambda d: torch.zeros(1, 1, dtype=torch.int64, device=d))
+        fr_tok, parent_slot = None, zero.expand(B, 1)
         offset, rows = 0, 0
         for t in range(self.depth):
             F, K = self.widths[t], self.children[t]

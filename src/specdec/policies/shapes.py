@@ -56,6 +56,13 @@ def _best(score: torch.Tensor, k: int) -> torch.Tensor:
 
 
 
+def _every(policy: FrontierPolicy, scores: torch.Tensor) -> torch.Tensor:
+    """Keep every history node, in order: [B, M] int64 (a constant view: no launch per step)."""
+    M = scores.shape[1]
+    arange = policy._const(f"arange{M}", scores.device, lambda d: torch.arange(M, device=d)[None])
+    return arange.expand(scores.shape[0], M)
+
+
 class _Ranked(FrontierPolicy):
     """Policies whose frontier is the best-scored candidates (compiled glue available)."""
 
@@ -74,11 +81,12 @@ class LinearPolicy(FrontierPolicy):
     def __init__(self, depth: int, *, samples: bool = False, name: str = "linear") -> None:
         super().__init__((1,) * depth, (1,) * depth, depth, samples=samples, name=name)
 
-    def _pick(self, t, score):
-        return torch.zeros(score.shape[0], 1, dtype=torch.int64, device=score.device)
+    def _pick(self, t, score):  # the call's one candidate (a constant view: no launch)
+        zero = self._const("zero", score.device, lambda d: torch.zeros(1, 1, dtype=torch.int64, device=d))
+        return zero.expand(score.shape[0], 1)
 
     def _select(self, scores):
-        return torch.arange(scores.shape[1], device=scores.device).expand(scores.shape[0], -1)
+        return _every(self, scores)
 
     def __repr__(self) -> str:
         return f"LinearPolicy(depth={self.depth}, samples={self.samples})"
@@ -117,7 +125,7 @@ class SampledPolicy(_Ranked):
         return self._rank(score, 1)
 
     def _select(self, scores):
-        return torch.arange(scores.shape[1], device=scores.device).expand(scores.shape[0], -1)
+        return _every(self, scores)
 
     def __repr__(self) -> str:
         return f"SampledPolicy(sizes={self.sizes})"
@@ -138,6 +146,10 @@ class StaticPolicy(FrontierPolicy):
             picks = [torch.tensor(p, dtype=torch.int64, device=device) for p in self.tree.picks]
             self._consts[device] = picks, torch.tensor(self.tree.kept, dtype=torch.int64, device=device)
         return self._consts[device]
+
+    def prepare(self, device) -> None:
+        super().prepare(device)
+        self._indices(torch.device(device))
 
     def _pick(self, t, score):
         return self._indices(score.device)[0][t].expand(score.shape[0], -1)
