@@ -136,10 +136,11 @@ def _draft_to_target(draft_tokens: torch.Tensor, target_ids: torch.Tensor | None
     return draft_tokens if target_ids is None else target_ids[draft_tokens]
 
 
-def _ingest_outputs(out, logits, q_len, ingest, ctx, root):
-    """Each ingested slot's last row -> its new (ctx_hidden [B, d], root_logits [B, Vd]); others keep theirs."""
-    return (torch.where(ingest[:, None], _last_row(out, q_len).to(ctx.dtype), ctx),
-            torch.where(ingest[:, None], _last_row(logits, q_len).to(root.dtype), root))
+def _ingest_outputs(out, logits, q_len, ingest, ctx, root) -> None:
+    """Each ingested slot's last row becomes its ctx_hidden [B, d] and root_logits [B, Vd], in
+    place (the state's views); other slots keep theirs."""
+    ctx.copy_(torch.where(ingest[:, None], _last_row(out, q_len).to(ctx.dtype), ctx))
+    root.copy_(torch.where(ingest[:, None], _last_row(logits, q_len).to(root.dtype), root))
 
 
 def _tree_of(root_tokens, grown_tokens, grown_parents, grown_num_nodes, live, target_ids):
@@ -266,6 +267,10 @@ class HeadDrafter:
         for row in range(self.kv_lookahead):
             own[row, row // 32] = _bit(row % 32)
         self._own_bits = own.to(self.device)
+        self._no_ancestors = torch.zeros(1, 1, words, dtype=torch.int32, device=self.device)  # the root's row
+        self._slots = torch.arange(B, device=self.device)  # [B] slot ids; a step's bucket reads a prefix
+        N, i64 = self.num_tree_slots, dict(dtype=torch.int64, device=self.device)
+        self._root_only_consts = (torch.zeros(1, N - 1, **i64), torch.full((1, N), -1, **i64), torch.ones(1, **i64))
         self.prefill_buckets: BucketGraphs | None = None  # `use_prefill_buckets`
 
     def use_compiled(self, on: bool = True) -> None:
@@ -440,13 +445,11 @@ class HeadDrafter:
             inputs.committed_len.to(dev), inputs.accept_length.to(dev), inputs.accept_tokens.to(dev),
             inputs.hidden[:, :R].to(dev, self.dtype), live, self.cache.block_tables, R, self.cache.block_size,
         )  # accept_length -1 = nothing new since prefill
-        batch = AttentionBatch(slots=torch.arange(B, device=dev), cache_len=start, q_len=q_len, write_index=write_index,
+        batch = AttentionBatch(slots=self._slots[:B], cache_len=start, q_len=q_len, write_index=write_index,
                                tree_mask=None, max_kv_len=kv_len, positions=positions)
         out, logits = self._forward(self.embed(tokens), hidden, positions, self._attend(batch), first=True)
         ctx, root = self.ctx_hidden[:B], self.root_logits[:B]
-        new_ctx, new_root = self.ingest_outputs(out, logits, q_len, ingest, ctx, root)
-        ctx.copy_(new_ctx)
-        root.copy_(new_root)
+        self.ingest_outputs(out, logits, q_len, ingest, ctx, root)
 
     def _log_dist(self, logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
         """Draft log-distribution [..., Vd]; tempered per slot when drafts are sampled."""
@@ -493,10 +496,10 @@ class HeadDrafter:
         if self.sample:
             seed = sampling.seed if sampling is not None and sampling.seed is not None else torch.zeros_like(committed)
             key = seed.to(dev) ^ self.seed  # [B]
-        slots = torch.arange(B, device=dev)
+        slots = self._slots[:B]
         state = dict(
             hidden=self.ctx_hidden[:B, None],  # [B, F_prev, d] outputs of the previous call's rows
-            anc=torch.zeros(B, 1, self._own_bits.shape[-1], dtype=torch.int32, device=dev),  # [B, F_prev, W]
+            anc=self._no_ancestors.expand(B, 1, -1),  # [B, F_prev, W] (read only)
         )
 
         def expand(frontier: Frontier) -> Candidates:
@@ -523,12 +526,10 @@ class HeadDrafter:
     def _root_only(self, root_tokens: torch.Tensor) -> DraftTree:
         """Root-only trees [B, N] without draft_probs (what an ingest-only `propose` returns;
         the plain step that asks for it reads nothing of it): no draft forward runs."""
-        B, N = root_tokens.shape[0], self.num_tree_slots
-        tokens = torch.zeros(B, N, dtype=torch.int64, device=self.device)
-        tokens[:, 0] = root_tokens
-        parents = torch.full((B, N), -1, dtype=torch.int64, device=self.device)
-        num_nodes = torch.ones(B, dtype=torch.int64, device=self.device)
-        return DraftTree(tokens=tokens, parents=parents, num_nodes=num_nodes)
+        B = root_tokens.shape[0]
+        no_drafts, no_parents, one = self._root_only_consts  # [1, N - 1], [1, N], [1]
+        tokens = torch.cat([root_tokens[:, None], no_drafts.expand(B, -1)], 1)  # [B, N]
+        return DraftTree(tokens=tokens, parents=no_parents.expand(B, -1), num_nodes=one.expand(B))
 
     def _draft_tree(self, root_tokens: torch.Tensor, grown, live: torch.Tensor) -> DraftTree:
         B = grown.tokens.shape[0]
