@@ -87,9 +87,8 @@ class FrontierPolicy:
         compiled as one graph finds them already there (made inside its first trace, they
         changed the policy's state between two calls and forced a recompile)."""
         device = torch.device(device)
-        self._const("root_score", device, lambda d: torch.zeros(1, 1, device=d))
-        self._const("root_hist", device, lambda d: torch.full((1, 1), -1, dtype=torch.int64, device=d))
-        self._const("zero", device, lambda d: torch.zeros(1, 1, dtype=torch.int64, device=d))
+        for name, make in (("root_score", root_score), ("root_hist", root_hist), ("zero", zero_index)):
+            self._const(name, device, make)
         M = self.history_size
         self._const(f"arange{M}", device, lambda d: torch.arange(M, device=d)[None])
 
@@ -110,10 +109,9 @@ class FrontierPolicy:
         expanded = []  # (history index of the frontier nodes [B, F], first dist row)
         probs = []
         # the root's row, read-only: [B, 1] path score 0, history index -1, parent row 0
-        fr_score = self._const("root_score", device, lambda d: torch.zeros(1, 1, device=d)).expand(B, 1)
-        fr_hist = self._const("root_hist", device, lambda d: torch.full((1, 1), -1, dtype=torch.int64, device=d)).expand(B, 1)
-        zero = self._const("zero", device, lambda d: torch.zeros(1, 1, dtype=torch.int64, device=d))
-        fr_tok, parent_slot = None, zero.expand(B, 1)
+        fr_score = self._const("root_score", device, root_score).expand(B, 1)
+        fr_hist = self._const("root_hist", device, root_hist).expand(B, 1)
+        fr_tok, parent_slot = None, self._const("zero", device, zero_index).expand(B, 1)
         offset, rows = 0, 0
         for t in range(self.depth):
             F, K = self.widths[t], self.children[t]
@@ -141,6 +139,21 @@ class FrontierPolicy:
                 dist_of.scatter_(1, hist, first + torch.arange(hist.shape[1], device=device).expand_as(hist))
         tokens, parents, num_nodes, dist_index = self._finish(sel, hist_tok, hist_parent, scores, dist_of)
         return GrownTree(tokens=tokens, parents=parents, num_nodes=num_nodes, dist_index=dist_index, dists=dists)
+
+
+def root_score(device) -> torch.Tensor:
+    """[1, 1] float32 0: the root's path score."""
+    return torch.zeros(1, 1, device=device)
+
+
+def root_hist(device) -> torch.Tensor:
+    """[1, 1] int64 -1: the root's history index."""
+    return torch.full((1, 1), -1, dtype=torch.int64, device=device)
+
+
+def zero_index(device) -> torch.Tensor:
+    """[1, 1] int64 0: row / candidate 0."""
+    return torch.zeros(1, 1, dtype=torch.int64, device=device)
 
 
 def _score_call(fr_score: torch.Tensor, logq: torch.Tensor, tokens: torch.Tensor, fr_hist: torch.Tensor):

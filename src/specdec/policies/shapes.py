@@ -30,7 +30,7 @@ import torch
 from ..compile_scope import compile_private
 from ..config import ConfigError, SpecConfig
 from .candidates import stable_topk
-from .frontier import FrontierPolicy
+from .frontier import FrontierPolicy, zero_index
 from .static_tree import StaticTree, read_choices, static_tree
 
 __all__ = ["LinearPolicy", "DynamicPolicy", "SampledPolicy", "StaticPolicy", "group_sizes", "history_size", "builtin", "BUILTIN"]
@@ -82,8 +82,7 @@ class LinearPolicy(FrontierPolicy):
         super().__init__((1,) * depth, (1,) * depth, depth, samples=samples, name=name)
 
     def _pick(self, t, score):  # the call's one candidate (a constant view: no launch)
-        zero = self._const("zero", score.device, lambda d: torch.zeros(1, 1, dtype=torch.int64, device=d))
-        return zero.expand(score.shape[0], 1)
+        return self._const("zero", score.device, zero_index).expand(score.shape[0], 1)
 
     def _select(self, scores):
         return _every(self, scores)
