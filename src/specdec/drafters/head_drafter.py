@@ -299,10 +299,6 @@ class HeadDrafter:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ vocabularies
-    def _to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary ids -> target ids (identity for a full-vocabulary head)."""
-        return _draft_to_target(draft_tokens, self.target_ids)
-
     def _full_probs(self, rows: torch.Tensor) -> torch.Tensor:
         """[B, N, Vd] draft probabilities -> [B, N, V] float32 over the target vocabulary."""
         if self.target_ids is None:

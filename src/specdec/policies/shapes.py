@@ -136,25 +136,27 @@ class StaticPolicy(FrontierPolicy):
     def __init__(self, tree: StaticTree, *, samples: bool = False, name: str = "static") -> None:
         super().__init__(tree.widths, tree.children, len(tree.paths), samples=samples, name=name)
         self.tree = tree
-        self._consts: dict[torch.device, tuple[list[torch.Tensor], torch.Tensor]] = {}
 
-    def _indices(self, device: torch.device):
-        """The frontier picks and kept history indices on `device` (built once per device,
-        outside any captured graph: the first call is an eager warm-up run)."""
-        if device not in self._consts:
-            picks = [torch.tensor(p, dtype=torch.int64, device=device) for p in self.tree.picks]
-            self._consts[device] = picks, torch.tensor(self.tree.kept, dtype=torch.int64, device=device)
-        return self._consts[device]
+    def _pick_index(self, t: int, device) -> torch.Tensor:
+        """[1, F_{t+1}] int64: the candidates of call t the fixed tree expands next (a constant)."""
+        return self._const(f"pick{t}", device, lambda d: torch.tensor(self.tree.picks[t], dtype=torch.int64, device=d)[None])
+
+    def _kept_index(self, device) -> torch.Tensor:
+        """[1, S] int64: the history indices the fixed tree keeps (a constant)."""
+        return self._const("kept", device, lambda d: torch.tensor(self.tree.kept, dtype=torch.int64, device=d)[None])
 
     def prepare(self, device) -> None:
         super().prepare(device)
-        self._indices(torch.device(device))
+        device = torch.device(device)
+        for t in range(len(self.tree.picks)):
+            self._pick_index(t, device)
+        self._kept_index(device)
 
     def _pick(self, t, score):
-        return self._indices(score.device)[0][t].expand(score.shape[0], -1)
+        return self._pick_index(t, score.device).expand(score.shape[0], -1)
 
     def _select(self, scores):
-        return self._indices(scores.device)[1].expand(scores.shape[0], -1)
+        return self._kept_index(scores.device).expand(scores.shape[0], -1)
 
     def __repr__(self) -> str:
         return f"StaticPolicy({len(self.tree.paths)} paths, depth={self.depth}, samples={self.samples})"
