@@ -138,12 +138,15 @@ class PhaseClock:
 
 
 class ForwardCounter:
-    """Prompt forwards of the target runner and the drafter during a run, and the chunk tokens
-    they carried (wrapped on the instances, unwrapped by `stop`): how a run's prefill time
-    splits into forwards, so decoders that prefill the same prompts can be compared."""
+    """Prompt forwards of the target runner and the drafter during a run, the chunk tokens
+    they carried and their seconds (device synced before and after each: a prompt forward is
+    long, so the syncs cost little) (wrapped on the instances, unwrapped by `stop`): how a
+    run's prefill time splits into target forwards, head forwards and the host work around
+    them, so decoders that prefill the same prompts can be compared."""
 
-    def __init__(self, engine) -> None:
-        self.counts = {"target": [0, 0], "draft": [0, 0]}  # role -> [forwards, tokens]
+    def __init__(self, engine, device) -> None:
+        self.device = device
+        self.counts = {"target": [0, 0, 0.0], "draft": [0, 0, 0.0]}  # role -> [forwards, tokens, seconds]
         self._depth = {"target": 0, "draft": 0}
         self._wrapped = []
         drafter = engine.strategies.drafter
@@ -156,16 +159,23 @@ class ForwardCounter:
         inner = getattr(owner, method)
         count = self.counts[role]
         depth = self._depth
+        device = self.device
 
         def counted(slots, chunks, *args, **kwargs):
-            if not depth[role]:  # the outermost call (`prefill` may go through `prefill_many`)
+            outermost = not depth[role]  # `prefill` may go through `prefill_many`
+            if outermost:
                 count[0] += 1
                 count[1] += sum(len(c) for c in chunks) if many else len(chunks)
+                sync(device)
+                t0 = time.perf_counter()
             depth[role] += 1
             try:
                 return inner(slots, chunks, *args, **kwargs)
             finally:
                 depth[role] -= 1
+                if outermost:
+                    sync(device)
+                    count[2] += time.perf_counter() - t0
 
         setattr(owner, method, counted)
         self._wrapped.append((owner, method))
@@ -173,7 +183,8 @@ class ForwardCounter:
     def stop(self) -> dict:
         for owner, method in self._wrapped:
             delattr(owner, method)
-        return {f"{role}_{what}": n for role, (f, t) in self.counts.items() for what, n in (("forwards", f), ("tokens", t))}
+        return {f"{role}_{what}": n for role, (f, t, s) in self.counts.items()
+                for what, n in (("forwards", f), ("tokens", t), ("forward_s", s))}
 
 
 def timed_run(dec, batch, params, device) -> dict:
@@ -181,7 +192,7 @@ def timed_run(dec, batch, params, device) -> dict:
     steps / prefill (admission) / other."""
     engine = dec.engine
     prefill = PhaseClock(engine, "_advance_prefills")  # host time admitting prompts (ends in a sync per prompt)
-    forwards = ForwardCounter(engine)
+    forwards = ForwardCounter(engine, device)
     steps_before = engine.step_times.seconds
     with TimedRegion() as region:
         sync(device)
@@ -233,8 +244,10 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     log(f"  {kind}: median of {len(runs)}: {med['seconds']:.2f} s = steps {med['step_s']:.2f} + prefill "
         f"{med['prefill_s']:.2f} + other {med['other_s']:.2f}; decode {med['decode_tok_s']:.0f} tok/s; gc "
         f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
-    log(f"  {kind}: prompt forwards: target {med['target_forwards']} ({med['target_tokens']} tokens), "
-        f"draft head {med['draft_forwards']} ({med['draft_tokens']} tokens)")
+    host = med["prefill_s"] - med["target_forward_s"] - med["draft_forward_s"]
+    log(f"  {kind}: prompt forwards: target {med['target_forwards']} ({med['target_tokens']} tokens, "
+        f"{med['target_forward_s']:.3f} s), draft head {med['draft_forwards']} ({med['draft_tokens']} tokens, "
+        f"{med['draft_forward_s']:.3f} s); prefill host work around them {host:.3f} s")
     for d in row["decision_summary"] or []:
         log(f"  adaptive bucket {d['bucket']:>3} {d['variant']:<11} steps {d['steps']:>4} (probes {d['probes']:>3}) "
             f"predicted {d['predicted_tok_s']:8.1f} tok/s, measured {d['measured_tok_s']:8.1f} tok/s (step tokens / step seconds)")

@@ -1,7 +1,8 @@
 """The benchmarks' CPU smoke runs finish and print their tables (the GPU runs are what they are
 for; this keeps the scripts from rotting between GPU sessions): bench_cycle with two compile
-modes side by side, bench_attention with two Triton launch configs side by side."""
+modes side by side, bench_attention with two Triton launch configs side by side, bench_batch with its prefill split."""
 
+import json
 import os
 import subprocess
 import sys
@@ -32,3 +33,21 @@ def test_bench_attention_times_each_triton_config():
     for case in ("decode", "tree", "prefill"):
         labels = {line.split()[2] for line in out.splitlines() if line.startswith(case)}
         assert {"triton[16x4x1]", "triton[32x4x1]"} <= labels, (case, labels)
+
+
+def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tmp_path):
+    """bench_batch's three setups at batch 1 on the never-accepting 8B stand-in: every setup
+    prefills the same prompt tokens through the target; only the speculative ones run the head
+    over them too; the timed forwards lie within each run's prefill time."""
+    out = tmp_path / "rows.jsonl"
+    text = _run("bench_batch.py", "--quick", "--targets", "8b-none", "--batch-sizes", "1", "--new-tokens", "4",
+                "--repeats", "1", "--out", str(out))
+    assert "| 8b-none | 1 |" in text
+    rows = {r["kind"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("kind_row") == "row"}
+    assert set(rows) == {"target-only", "fixed", "adaptive"}
+    prompt_tokens = rows["target-only"]["target_tokens"]
+    assert prompt_tokens > 0 and rows["target-only"]["draft_forwards"] == 0
+    for kind, r in rows.items():
+        assert r["target_tokens"] == prompt_tokens, kind
+        assert r["draft_tokens"] == (0 if kind == "target-only" else prompt_tokens), kind
+        assert 0 < r["target_forward_s"] and r["target_forward_s"] + r["draft_forward_s"] <= r["prefill_s"], kind
