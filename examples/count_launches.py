@@ -149,9 +149,11 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
         if hasattr(m, "fused"):
             m.fused = pieces
     counter.wrap(engine.runner, "verify", "verify")
-    for step in engine.steps.values():  # the state advance: one compiled piece
+    for step in engine.steps.values():  # the state advance, the tree sizes: one compiled piece each
         counter.wrap(step, "advance", "other", opaque=True)
         counter.wrap(step, "append", "other", opaque=True)
+        counter.wrap(step, "sizes", "other", opaque=True)
+    counter.wrap(engine.runner.cache, "tree_rows", "verify", opaque=True)  # compiled with compile="auto"
     if config.adaptive:  # force the plain step due: deferred while the path allows, else ingesting
         engine.adaptive_rule.choose = lambda bucket, running, plain: False
         if key.endswith("-plain"):

@@ -144,6 +144,14 @@ def advance_state(active, accept_length, accept_tokens, root_tokens, committed_l
     handoff[:, 1:].copy_(new_accept_tokens)
 
 
+def tree_sizes(num_nodes, draft_budget, active):
+    """The verified tree's size per request, cut to its draft budget (a prefix of a
+    topological order is a tree), and the rows the target runs (0 for idle slots); one
+    compiled piece when the step is compiled. [B] int64 x2, [B] bool -> ([B], [B]) int64."""
+    num_nodes = torch.minimum(num_nodes, draft_budget + 1)
+    return num_nodes, torch.where(active, num_nodes, 0)
+
+
 def append_to_path(active, accept_length, accept_tokens, root_tokens, committed_len, hidden_path, handoff,
                    token, captured) -> None:
     """A deferred plain step's advance, in place (one compiled piece when the step is compiled).
@@ -196,6 +204,11 @@ class DeviceStep:
         self.uniforms = compile_private(counter_uniforms, dynamic=True, fullgraph=True) if compiled else counter_uniforms
         self.advance = compile_private(advance_state, dynamic=True, fullgraph=True) if compiled else advance_state
         self.append = compile_private(append_to_path, dynamic=True, fullgraph=True) if compiled else append_to_path
+        self.sizes = compile_private(tree_sizes, dynamic=True, fullgraph=True) if compiled else tree_sizes
+        # the plain step's root-only tree (parents -1, one node), made once and sliced per bucket
+        i64 = dict(dtype=torch.int64, device=runner.cache.device)
+        self._root_parents = torch.full((runner.cache.max_batch_size, 1), -1, **i64)  # [max_B, 1]
+        self._one_node = torch.ones(runner.cache.max_batch_size, **i64)  # [max_B]
 
     @staticmethod
     def _mark(timer, phase: str) -> None:
@@ -232,10 +245,9 @@ class DeviceStep:
                 )
             )
             tokens, parents, num_nodes, draft_probs = draft.tokens, draft.parents, draft.num_nodes, draft.draft_probs
-        num_nodes = torch.minimum(num_nodes, state.draft_budget + 1)  # [B] per-request budgets
+        num_nodes, live_nodes = self.sizes(num_nodes, state.draft_budget, active)  # [B] budgets applied; idle: 0 rows
         tree = s.build_tree(parents, num_nodes, out=state.tree)
         self._mark(timer, "draft")
-        live_nodes = torch.where(active, num_nodes, 0)  # [B]; idle slots run no rows
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, live_nodes, kv_len)  # [B, N, V]
         self._mark(timer, "verify")
         B, N = tokens.shape
@@ -269,8 +281,7 @@ class DeviceStep:
                 )
             )
         tokens = state.root_tokens[:, None]  # [B, 1]
-        ones = torch.ones(B, dtype=torch.int64, device=tokens.device)
-        tree = s.build_tree(torch.full_like(tokens, -1), ones, out=state.tree1)
+        tree = s.build_tree(self._root_parents[:B], self._one_node[:B], out=state.tree1)
         self._mark(timer, "draft")
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len)
         self._mark(timer, "verify")

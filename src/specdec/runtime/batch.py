@@ -95,9 +95,7 @@ def tree_batch(
         tree: its `packed_mask` [B, N, ceil(N/32)] int32 and `positions` [B, N] (depth).
         num_nodes: [B] int64 valid nodes (0 for an inactive slot).
     """
-    B, N = tree.positions.shape
-    slots = torch.arange(B, device=cache_len.device)
-    _, index = _new_rows(cache, slots, cache_len, num_nodes, N)
+    slots, index, positions = cache.tree_rows(cache.block_tables, cache.block_size, cache_len, tree.positions, num_nodes)
     return AttentionBatch(
         slots=slots,
         cache_len=cache_len,
@@ -105,5 +103,5 @@ def tree_batch(
         write_index=index,
         tree_mask=tree.packed_mask,
         max_kv_len=max_kv_len or cache.max_seq_len,
-        positions=cache_len[:, None] + tree.positions,
+        positions=positions,
     )

@@ -29,7 +29,7 @@ from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
 from specdec.kernels.rope_kv_write import rope_kv_write_triton
 from specdec.ops.dispatch import use_triton
 
-__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "token_rows"]
+__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "token_rows", "tree_rows"]
 
 
 class KVCacheError(RuntimeError):
@@ -50,6 +50,18 @@ def token_rows(block_tables, slots, positions, valid, block_size: int) -> torch.
     block = block_tables[slots[:, None], pos // block_size]  # [B, T]
     index = block * block_size + pos % block_size
     return torch.where(inside & (block >= 0), index, -1)
+
+
+def tree_rows(block_tables, block_size: int, cache_len, depth, num_nodes):
+    """A tree verify's new rows, one piece of index arithmetic: node i of row b (slot b) is
+    stored at logical position cache_len[b] + i (its slot, not its depth) and rotated at
+    cache_len[b] + depth[b, i]. cache_len / num_nodes [B] int64, depth [B, N] int64 ->
+    (slots [B], write_index [B, N] (-1 past num_nodes or unallocated), positions [B, N])."""
+    B, N = depth.shape
+    slots = torch.arange(B, device=cache_len.device)
+    t = torch.arange(N, device=cache_len.device)[None, :]  # [1, N]
+    index = token_rows(block_tables, slots, cache_len[:, None] + t, t < num_nodes[:, None], block_size)
+    return slots, index, cache_len[:, None] + depth
 
 
 
@@ -222,6 +234,7 @@ class PagedKVCache:
 
         self.compiled = False  # index arithmetic through torch.compile (`use_compiled`)
         self.token_rows = token_rows
+        self.tree_rows = tree_rows
         # Blocks are handed out by an allocator that layer groups of other models (a draft
         # head's KV) share: one pool, one set of block tables, one reservation per request.
         self.allocator = allocator or BlockAllocator(
@@ -258,9 +271,11 @@ class PagedKVCache:
         return self.allocator.block_tables
 
     def use_compiled(self, on: bool = True) -> "PagedKVCache":
-        """Compute write/token indices through torch.compile (one kernel instead of ~8)."""
+        """Compute write/token indices through torch.compile (one kernel instead of ~8; a tree
+        verify's rows and positions one instead of ~13)."""
         self.compiled = bool(on)
         self.token_rows = compile_private(token_rows, dynamic=True, fullgraph=True) if on else token_rows
+        self.tree_rows = compile_private(tree_rows, dynamic=True, fullgraph=True) if on else tree_rows
         return self
 
     # ----------------------------------------------------------------- views
