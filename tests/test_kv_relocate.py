@@ -157,3 +157,20 @@ def test_kernel_compiles_without_graph_breaks_and_no_recompile_for_new_values():
         relocate_kv_naive(expected, committed, nodes, length)
         assert torch.equal(cache.storage, expected.storage)
 
+
+
+def test_a_root_only_path_launches_no_relocation(device, monkeypatch):
+    """Target-only and plain steps verify root-only trees: their one-entry path is the root,
+    already at committed_len, so the relocator launches nothing (and the cache is untouched)."""
+    import specdec.plugins.relocate as plugin
+
+    relocator = specdec_relocate_kv(SpecConfig(max_draft_len=2))
+    cache = make_cache([2], 4, 4, 1, 24, 4, device)
+    before = cache.storage.clone()
+    monkeypatch.setattr(plugin, "relocate_kv", lambda *a, **k: pytest.fail("relocate_kv ran for a root-only path"))
+    relocator(cache, torch.tensor([3], device=device), torch.zeros(1, 1, dtype=torch.int64, device=device),
+              torch.zeros(1, dtype=torch.int64, device=device))
+    assert torch.equal(cache.storage, before)
+    with pytest.raises(pytest.fail.Exception):  # a real path still relocates
+        relocator(cache, torch.tensor([3], device=device), torch.tensor([[0, 2, 3]], device=device),
+                  torch.tensor([2], device=device))

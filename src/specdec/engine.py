@@ -170,7 +170,7 @@ class SpecEngine:
         self.lookahead = max(N, caps.kv_lookahead)
         self.buckets = config.batch_buckets
         self.state = StepState.allocate(B, N, runner.hidden_width, device=self.device, hidden_dtype=runner.dtype)
-        self.device_step = DeviceStep(strategies, runner, compiled=compiled)
+        self.device_step = DeviceStep(strategies, runner, self.state, compiled=compiled)
         # adaptive speculation: a plain step beside the speculative one, chosen per step by measured cost
         self.adaptive = bool(config.adaptive) and N > 1
         # a deferred plain step skips the drafter (its token joins the path the drafter ingests
@@ -179,9 +179,9 @@ class SpecEngine:
         self.defer_depth = depth if self.adaptive and not caps.runs_on_host and isinstance(depth, int) else None
         self.steps = {SPECULATIVE: self.device_step}
         if self.adaptive:
-            self.steps[PLAIN] = DeviceStep(strategies, runner, compiled=compiled, plain=True)
+            self.steps[PLAIN] = DeviceStep(strategies, runner, self.state, compiled=compiled, plain=True)
         if self.defer_depth is not None:
-            self.steps[DEFERRED] = DeviceStep(strategies, runner, compiled=compiled, plain=True, defer=True)
+            self.steps[DEFERRED] = DeviceStep(strategies, runner, self.state, compiled=compiled, plain=True, defer=True)
         caps = strategies.policy_caps  # None: strategies assembled by hand, without a tree policy
         self.chain = caps is None or caps.chain  # one draft per depth: any budget cuts it cleanly
         self.adaptive_rule = AdaptiveRule(min(config.max_draft_len, N - 1), self.chain, N - 1) if self.adaptive else None

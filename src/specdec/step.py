@@ -187,12 +187,14 @@ class DeviceStep:
     Args:
         strategies: the resolved strategies (`registry.resolve`).
         runner: the `TargetRunner` (its `verify` forward and its `cache`, which relocation mutates).
+        state: the full-capacity `StepState` the step will run on (bucket views of it): its sizes
+            and device shape the step's constants (the plain step's root-only tree and path).
         compiled: draw the verifier's uniforms through `torch.compile` (one fused kernel
             instead of ~60 integer ops).
     """
 
-    def __init__(self, strategies: Strategies, runner, *, compiled: bool = False, plain: bool = False,
-                 defer: bool = False) -> None:
+    def __init__(self, strategies: Strategies, runner, state: StepState, *, compiled: bool = False,
+                 plain: bool = False, defer: bool = False) -> None:
         self.strategies = strategies
         self.runner = runner
         self.plain = plain  # the adaptive engine's plain step: ingest only, the target verifies the root
@@ -206,9 +208,14 @@ class DeviceStep:
         self.append = compile_private(append_to_path, dynamic=True, fullgraph=True) if compiled else append_to_path
         self.sizes = compile_private(tree_sizes, dynamic=True, fullgraph=True) if compiled else tree_sizes
         # the plain step's root-only tree (parents -1, one node), made once and sliced per bucket
-        i64 = dict(dtype=torch.int64, device=runner.cache.device)
-        self._root_parents = torch.full((runner.cache.max_batch_size, 1), -1, **i64)  # [max_B, 1]
-        self._one_node = torch.ones(runner.cache.max_batch_size, **i64)  # [max_B]
+        B, N = state.batch_size, state.num_nodes
+        i64 = dict(dtype=torch.int64, device=state.root_tokens.device)
+        self._root_parents = torch.full((B, 1), -1, **i64)  # [max_B, 1]
+        self._one_node = torch.ones(B, **i64)  # [max_B]
+        # an ingesting plain step's verified path: node 0 alone (then -1), accept length 0
+        self._root_path = torch.full((B, N), -1, **i64)  # [max_B, N]
+        self._root_path[:, 0] = 0
+        self._zero = torch.zeros(B, **i64)  # [max_B]
 
     @staticmethod
     def _mark(timer, phase: str) -> None:
@@ -295,14 +302,11 @@ class DeviceStep:
         if self.defer:
             return self.append(state.active, state.accept_length, state.accept_tokens, state.root_tokens,
                                state.committed_len, state.hidden_path, state.handoff, token, captured)
-        accept_tokens = torch.full_like(state.accept_tokens, -1)
-        accept_tokens[:, 0] = token
-        accept_nodes = torch.full_like(state.accept_tokens, -1)
-        accept_nodes[:, 0] = 0
-        zero = torch.zeros(B, dtype=torch.int64, device=tokens.device)
+        accept_nodes = self._root_path[:B]  # [B, N]: 0, then -1
+        accept_tokens = torch.cat([token[:, None], accept_nodes[:, 1:]], 1)  # [B, N]: the token, then -1
         if captured is not None:  # widen [B, 1, w] to the [B, N, w] the advance gathers from
             captured = captured.expand(-1, state.num_nodes, -1)
-        self._advance(state, accept_nodes, accept_tokens, zero, captured)
+        self._advance(state, accept_nodes, accept_tokens, self._zero[:B], captured)
 
     def _advance(self, state: StepState, accept_nodes, accept_tokens, accept_length, captured) -> None:
         """The state after a verification (in place), and the hand-off row the host reads."""

@@ -18,7 +18,9 @@ class PagedRelocator:
     """``(cache, committed_len [B], accept_nodes [B, N], accept_length [B]) -> None``.
 
     Reads only the first ``max_draft_len + 1`` path entries (accept_length <= max_draft_len),
-    so the kernel's tile is sized by the draft depth, not by the tree width.
+    so the kernel's tile is sized by the draft depth, not by the tree width. A path of one
+    entry (root-only trees: target-only, plain steps) is the root, already where it belongs:
+    nothing is launched (decided on the static shape, so a captured step holds no branch).
     """
 
     def __init__(self, max_path: int, impl: str = "auto") -> None:
@@ -26,7 +28,10 @@ class PagedRelocator:
         self.impl = impl
 
     def __call__(self, cache, committed_len: torch.Tensor, accept_nodes: torch.Tensor, accept_length: torch.Tensor):
-        relocate_kv(cache, committed_len, accept_nodes[:, : self.max_path], accept_length, impl=self.impl)
+        path = accept_nodes[:, : self.max_path]  # [B, P]
+        if path.shape[1] <= 1:  # the root alone: it stays at committed_len
+            return
+        relocate_kv(cache, committed_len, path, accept_length, impl=self.impl)
 
     def __repr__(self) -> str:
         return f"PagedRelocator(max_path={self.max_path}, impl={self.impl!r})"
