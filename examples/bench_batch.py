@@ -194,6 +194,7 @@ def timed_run(dec, batch, params, device) -> dict:
     prefill = PhaseClock(engine, "_advance_prefills")  # host time admitting prompts (ends in a sync per prompt)
     forwards = ForwardCounter(engine, device)
     steps_before = engine.step_times.seconds
+    buckets_before = {k: list(v) for k, v in engine.step_times.by_bucket.items()}
     with TimedRegion() as region:
         sync(device)
         t0 = time.perf_counter()
@@ -203,13 +204,19 @@ def timed_run(dec, batch, params, device) -> dict:
     prefill.stop()
     prefill_forwards = forwards.stop()
     step_s = engine.step_times.seconds - steps_before
+    buckets = []  # this run's steps per (bucket, variant): steps, ms/step, the tokens they made per second
+    for (bucket, variant), (n, sec, tok) in sorted(engine.step_times.by_bucket.items()):
+        n0, sec0, tok0 = buckets_before.get((bucket, variant), (0, 0.0, 0))
+        if n > n0:
+            buckets.append(dict(bucket=bucket, variant=variant, steps=n - n0, ms_per_step=1e3 * (sec - sec0) / (n - n0),
+                                tok_s=(tok - tok0) / (sec - sec0)))
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.stats.steps for r in results)
     return dict(tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
                 tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1),
                 step_s=step_s, prefill_s=prefill.seconds, other_s=seconds - step_s - prefill.seconds,
                 decode_tok_s=(tokens - len(results)) / step_s if step_s else float("nan"),  # tokens the steps made
-                gc_ms=region.gc_ms, gc_collections=region.collections, **prefill_forwards)
+                gc_ms=region.gc_ms, gc_collections=region.collections, buckets=buckets, **prefill_forwards)
 
 
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
@@ -244,6 +251,9 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     log(f"  {kind}: median of {len(runs)}: {med['seconds']:.2f} s = steps {med['step_s']:.2f} + prefill "
         f"{med['prefill_s']:.2f} + other {med['other_s']:.2f}; decode {med['decode_tok_s']:.0f} tok/s; gc "
         f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
+    log(f"  {kind}: steps per bucket: " + "; ".join(
+        f"{d['bucket']} {d['variant'] if kind == 'adaptive' else ''}{' ' if kind == 'adaptive' else ''}x{d['steps']} "
+        f"{d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s" for d in med["buckets"]))
     host = med["prefill_s"] - med["target_forward_s"] - med["draft_forward_s"]
     log(f"  {kind}: prompt forwards: target {med['target_forwards']} ({med['target_tokens']} tokens, "
         f"{med['target_forward_s']:.3f} s), draft head {med['draft_forwards']} ({med['draft_tokens']} tokens, "

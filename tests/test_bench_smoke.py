@@ -38,7 +38,8 @@ def test_bench_attention_times_each_triton_config():
 def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tmp_path):
     """bench_batch's three setups at batch 1 on the never-accepting 8B stand-in: every setup
     prefills the same prompt tokens through the target; only the speculative ones run the head
-    over them too; the timed forwards lie within each run's prefill time."""
+    over them too; the timed forwards lie within each run's prefill time; the steps split by
+    (bucket, variant) add up to the run's step time."""
     out = tmp_path / "rows.jsonl"
     text = _run("bench_batch.py", "--quick", "--targets", "8b-none", "--batch-sizes", "1", "--new-tokens", "4",
                 "--repeats", "1", "--out", str(out))
@@ -51,3 +52,9 @@ def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tm
         assert r["target_tokens"] == prompt_tokens, kind
         assert r["draft_tokens"] == (0 if kind == "target-only" else prompt_tokens), kind
         assert 0 < r["target_forward_s"] and r["target_forward_s"] + r["draft_forward_s"] <= r["prefill_s"], kind
+        # the run's steps by (bucket, variant) add up to its steps and its step time
+        assert sum(d["steps"] for d in r["buckets"]) >= 1, kind
+        assert abs(sum(d["ms_per_step"] * d["steps"] for d in r["buckets"]) / 1e3 - r["step_s"]) < 1e-6, kind
+        assert {d["variant"] for d in r["buckets"]} <= ({"speculative", "plain", "deferred"} if kind == "adaptive"
+                                                        else {"speculative"}), kind
+    assert "steps per bucket: 1 " in text

@@ -711,7 +711,8 @@ class SpecEngine:
             self._path_len[slot] = self._path_len[slot] + 1 if variant == DEFERRED else a
             self._emit(request, emitted)
         self.last_step_seconds = time.perf_counter() - t0
-        self.step_times.add(self.last_step_seconds, self._timer.read() if self.phase_timing else None)
+        self.step_times.add(self.last_step_seconds, self._timer.read() if self.phase_timing else None, bucket=b,
+                            variant=variant, tokens=emitted_total)
         if self.adaptive:
             self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds)
         for obs in self.observers:

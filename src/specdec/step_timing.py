@@ -16,7 +16,7 @@ state advance, the hand-off and the engine's host work of the step).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,10 +65,20 @@ class StepTimes:
     draft_s: float = 0.0
     verify_s: float = 0.0
     rest_s: float = 0.0
+    # (batch bucket, variant) -> [steps, seconds, tokens emitted]: where the time went per
+    # captured graph, so setups can be compared bucket by bucket (a run's tail of small buckets
+    # otherwise blurs a per-step comparison)
+    by_bucket: dict = field(default_factory=dict)
 
-    def add(self, seconds: float, phases: dict[str, float] | None = None) -> None:
+    def add(self, seconds: float, phases: dict[str, float] | None = None, *, bucket: int | None = None,
+            variant: str = "speculative", tokens: int = 0) -> None:
         self.steps += 1
         self.seconds += seconds
+        if bucket is not None:
+            row = self.by_bucket.setdefault((bucket, variant), [0, 0.0, 0])
+            row[0] += 1
+            row[1] += seconds
+            row[2] += tokens
         if phases is not None:
             draft, verify = phases.get("draft", 0.0), phases.get("verify", 0.0)
             self.split_steps += 1

@@ -74,7 +74,7 @@ def _best_children(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
 
 
 def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committed, live, block_tables,
-                  first: int, t: int, block_size: int, target_ids):
+                  first: int, t: int, block_size: int, target_ids, embed_weight=None):
     """Everything draft forward t >= 1 reads besides the model, in one compiled piece (in the
     eager step this index arithmetic was ~40 launches per depth).
 
@@ -82,10 +82,13 @@ def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committe
         prev_hidden: [B, F_prev, d] outputs of the previous forward's rows; prev_anc: [B, F_prev, W]
             their ancestor bits; parent_slot, tokens: [B, F] int64 the frontier (draft ids);
         own_bits: [F, W] int32 the frontier rows' own bits; committed: [B] int64; live: [B] bool;
-        block_tables: the draft cache's; first: the first stored row of forward t.
+        block_tables: the draft cache's; first: the first stored row of forward t;
+        embed_weight: [V, d] the embedding table when the drafter's embedding is a plain lookup
+            (then looked up here, in the same piece), else None.
     Returns:
         hidden [B, F, d], anc [B, F, W] (ancestors and self), write_index [B, F], q_len [B],
-        key_len [B], positions [B, F] (RoPE: committed + t - 1), target_tokens [B, F].
+        key_len [B], positions [B, F] (RoPE: committed + t - 1), and the rows' target tokens
+        [B, F] int64, or their embeddings [B, F, d] when `embed_weight` is given.
     """
     B, F = tokens.shape
     hidden = torch.gather(prev_hidden, 1, parent_slot[..., None].expand(-1, -1, prev_hidden.shape[-1]))
@@ -95,10 +98,14 @@ def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committe
     _, write_index = new_rows(block_tables, block_size, torch.arange(B, device=tokens.device), committed + first, q_len, F)
     key_len = torch.where(live, first + F, 0)
     positions = (committed + t - 1)[:, None].expand(B, F)
-    return hidden, anc, write_index, q_len, key_len, positions, _draft_to_target(tokens, target_ids)
+    target_tokens = _draft_to_target(tokens, target_ids)
+    if embed_weight is not None:
+        return hidden, anc, write_index, q_len, key_len, positions, torch.nn.functional.embedding(target_tokens, embed_weight)
+    return hidden, anc, write_index, q_len, key_len, positions, target_tokens
 
 
-def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_tables, rows: int, block_size: int):
+def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_tables, rows: int, block_size: int,
+                   embed_weight=None):
     """What the ingest forward reads, in one compiled piece: each live slot's accepted path
     (accept_length + 1 rows, padded to `rows`) at positions committed - a - 1 ...
 
@@ -107,7 +114,8 @@ def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_
         (rows past the path may hold anything, NaN included); live: [B] bool.
     Returns:
         ingest [B] bool (slots with a new path), q_len [B], start [B], positions [B, rows],
-        write_index [B, rows], tokens [B, rows] (0 past the path), hidden [B, rows, w] (0 past it).
+        write_index [B, rows], tokens [B, rows] (0 past the path; embedded [B, rows, d] when
+        `embed_weight`, the table of a plain lookup, is given), hidden [B, rows, w] (0 past it).
     """
     B = committed.shape[0]
     ingest = live & (accept_length >= 0)
@@ -118,6 +126,8 @@ def _ingest_inputs(committed, accept_length, accept_tokens, hidden, live, block_
     valid = positions < (start + q_len)[:, None]  # [B, rows] the path's rows
     tokens = torch.where(valid, accept_tokens[:, :rows], 0)
     states = torch.where(valid[..., None], hidden[:, :rows], 0)
+    if embed_weight is not None:  # a plain table: the rows' embeddings, in this piece
+        tokens = torch.nn.functional.embedding(tokens, embed_weight)
     return ingest, q_len, start, positions, write_index, tokens, states
 
 
@@ -204,6 +214,11 @@ class HeadDrafter:
     ) -> None:
         self.model = model.eval()
         self.embed = embed
+        # a plain lookup table (an nn.Embedding: the head's own, or the target's `embed_lookup`) is
+        # read inside each depth's compiled input piece, one launch fewer per draft depth; any
+        # other embedding (a sharded one, say) runs as its own call
+        plain = isinstance(embed, torch.nn.Embedding) and embed.max_norm is None
+        self._lookup = embed if plain else None
         self.hidden_width = hidden_width
         self.samples_drafts = bool(samples_drafts)
         self.policy = policy if policy is not None else builtin(config, samples=self.samples_drafts)
@@ -437,13 +452,16 @@ class HeadDrafter:
         B = live.shape[0]
         R = self.depth + 1  # longest accepted path: D drafts + the bonus
         dev = self.device
-        ingest, q_len, start, positions, write_index, tokens, hidden = self.ingest_inputs(
+        lookup = self._lookup
+        ingest, q_len, start, positions, write_index, rows, hidden = self.ingest_inputs(
             inputs.committed_len.to(dev), inputs.accept_length.to(dev), inputs.accept_tokens.to(dev),
             inputs.hidden[:, :R].to(dev, self.dtype), live, self.cache.block_tables, R, self.cache.block_size,
-        )  # accept_length -1 = nothing new since prefill
+            None if lookup is None else lookup.weight,
+        )  # accept_length -1 = nothing new since prefill; rows: tokens [B, R], or embedded [B, R, d]
         batch = AttentionBatch(slots=self._slots[:B], cache_len=start, q_len=q_len, write_index=write_index,
                                tree_mask=None, max_kv_len=kv_len, positions=positions)
-        out, logits = self._forward(self.embed(tokens), hidden, positions, self._attend(batch), first=True)
+        embeds = rows if lookup is not None else self.embed(rows)  # [B, R, d]
+        out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=True)
         ctx, root = self.ctx_hidden[:B], self.root_logits[:B]
         self.ingest_outputs(out, logits, q_len, ingest, ctx, root)
 
@@ -506,13 +524,16 @@ class HeadDrafter:
             tokens = frontier.tokens  # [B, Fr] draft ids
             Fr = tokens.shape[1]
             first = self.row_offsets[t]
-            hidden, anc, write_index, q_len, key_len, positions, target_tokens = self.depth_inputs(
+            lookup = self._lookup
+            hidden, anc, write_index, q_len, key_len, positions, rows = self.depth_inputs(
                 state["hidden"], state["anc"], frontier.parent_slot, tokens, self._own_bits[first : first + Fr],
                 committed, live, self.cache.block_tables, first, t, self.cache.block_size, self.target_ids,
+                None if lookup is None else lookup.weight,
             )  # anc [B, Fr, W]: ancestors + self; positions [B, Fr]: RoPE committed + t - 1
+            embeds = rows if lookup is not None else self.embed(rows)  # [B, Fr, d]
             batch = AttentionBatch(slots=slots, cache_len=committed, q_len=q_len, write_index=write_index,
                                    tree_mask=anc, max_kv_len=kv_len, key_len=key_len)
-            out, logits = self._forward(self.embed(target_tokens), hidden, positions, self._attend(batch), first=False)
+            out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=False)
             state.update(hidden=out, anc=anc)
             return self._candidates(logits, frontier.k, t, key, committed, temperature)
 

@@ -176,6 +176,13 @@ class DecoderLM(nn.Module):
         """tokens: [B, T] int64 -> [B, T, d] (the same on every rank; a collective when tensor-parallel)."""
         return self.embed_tokens(tokens)
 
+    @property
+    def embed_lookup(self) -> nn.Embedding | None:
+        """The embedding as a plain table (`embed` is then one row lookup), or None when it is
+        more (tensor-parallel: a sharded lookup and a collective). Draft heads that share the
+        target's embeddings read the table inside their own compiled glue."""
+        return self.embed_tokens if isinstance(self.embed_tokens, nn.Embedding) else None
+
     def forward(
         self,
         tokens: torch.Tensor,

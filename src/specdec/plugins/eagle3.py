@@ -111,7 +111,8 @@ def specdec_draft(config: SpecConfig, target, policy, verifier):
                 "the EAGLE-3 head shares the target's embeddings: resolve with a TargetInfo that carries the "
                 "loaded target (TargetInfo.model)"
             )
-        embed = target_model.embed
+        lookup = getattr(target_model, "embed_lookup", None)  # a plain table: looked up in the draft glue
+        embed = target_model.embed if lookup is None else lookup
     return Eagle3Drafter(
         model, config, embed=embed, samples_drafts=verifier.needs_draft_probs, seed=int(options.get("seed", 0)),
         policy=policy,

@@ -142,7 +142,8 @@ def specdec_draft(config: SpecConfig, target, policy, verifier):
     target_ids = _draft_vocab(options, model.config.vocab_size)
     if target_ids is not None and weight is not None:  # (a module with its own lm_head is refused by MTPDrafter)
         head = restricted_head(weight, target_ids)
+    lookup = getattr(target_model, "embed_lookup", None)  # a plain table: looked up in the draft glue
     return MTPDrafter(
-        model, config, embed=target_model.embed, head=head, target_ids=target_ids,
+        model, config, embed=target_model.embed if lookup is None else lookup, head=head, target_ids=target_ids,
         samples_drafts=verifier.needs_draft_probs, seed=int(options.get("seed", 0)), policy=policy,
     )
