@@ -63,7 +63,9 @@ def test_the_plugin_builds_a_drafter_sharing_the_targets_embedding(target, head_
     drafter = draft(cfg(head_path, tree="dynamic", topk=2), target.info)
     assert isinstance(drafter, Eagle3Drafter)
     assert drafter.reads == "captured" and not drafter.samples_drafts
-    assert drafter.num_tree_slots == 2 * 5 + 1 and drafter.embed == target.model.embed
+    # the target's table itself (a plain lookup: its draft glue reads it in place), not a copy
+    assert drafter.num_tree_slots == 2 * 5 + 1 and drafter.embed is target.model.embed_tokens
+    assert drafter._lookup is target.model.embed_tokens
     sampled = draft(cfg(head_path, verifier="speculative"), target.info)
     assert sampled.samples_drafts
     model_obj = random_head(hidden_size=D, target_hidden_size=D, head_dim=16, capture_layers=(1, 3, 4))
