@@ -251,9 +251,9 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     log(f"  {kind}: median of {len(runs)}: {med['seconds']:.2f} s = steps {med['step_s']:.2f} + prefill "
         f"{med['prefill_s']:.2f} + other {med['other_s']:.2f}; decode {med['decode_tok_s']:.0f} tok/s; gc "
         f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
+    label = (lambda d: f"{d['bucket']} {d['variant']}") if kind == "adaptive" else (lambda d: f"{d['bucket']}")
     log(f"  {kind}: steps per bucket: " + "; ".join(
-        f"{d['bucket']} {d['variant'] if kind == 'adaptive' else ''}{' ' if kind == 'adaptive' else ''}x{d['steps']} "
-        f"{d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s" for d in med["buckets"]))
+        f"{label(d)} x{d['steps']} {d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s" for d in med["buckets"]))
     host = med["prefill_s"] - med["target_forward_s"] - med["draft_forward_s"]
     log(f"  {kind}: prompt forwards: target {med['target_forwards']} ({med['target_tokens']} tokens, "
         f"{med['target_forward_s']:.3f} s), draft head {med['draft_forwards']} ({med['draft_tokens']} tokens, "

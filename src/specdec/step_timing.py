@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .adaptive import SPECULATIVE
+
 __all__ = ["PHASES", "PhaseTimer", "StepTimes"]
 
 PHASES = ("draft", "verify")  # marked inside the step; "rest" is what remains of the total
@@ -71,7 +73,7 @@ class StepTimes:
     by_bucket: dict = field(default_factory=dict)
 
     def add(self, seconds: float, phases: dict[str, float] | None = None, *, bucket: int | None = None,
-            variant: str = "speculative", tokens: int = 0) -> None:
+            variant: str = SPECULATIVE, tokens: int = 0) -> None:
         self.steps += 1
         self.seconds += seconds
         if bucket is not None:

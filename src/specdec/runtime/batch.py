@@ -17,19 +17,9 @@ import torch
 from specdec.types import TreeMeta
 
 from .attention import AttentionBatch
-from .kv_cache import PagedKVCache, token_rows
+from .kv_cache import PagedKVCache, new_rows
 
 __all__ = ["prefill_batch", "decode_batch", "tree_batch", "new_rows"]
-
-
-def new_rows(block_tables, block_size: int, slots, cache_len, q_len, num_rows: int, rows_fn=token_rows):
-    """Where a forward's new rows go: row t of batch row b is logical position cache_len[b] + t,
-    valid for t < q_len[b]. Pure tensors (block tables in, no cache object), so compiled glue
-    can call it too. Returns (positions [B, T] int64, flat token rows [B, T] int64, -1 past
-    q_len or unallocated); `rows_fn` is `token_rows` or a cache's compiled copy of it."""
-    t = torch.arange(num_rows, device=cache_len.device)[None, :]  # [1, T]
-    logical = cache_len[:, None] + t  # [B, T]
-    return logical, rows_fn(block_tables, slots, logical, t < q_len[:, None], block_size)
 
 
 def _new_rows(cache: PagedKVCache, slots, cache_len, q_len, num_rows: int):

@@ -29,7 +29,7 @@ from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
 from specdec.kernels.rope_kv_write import rope_kv_write_triton
 from specdec.ops.dispatch import use_triton
 
-__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "token_rows", "tree_rows"]
+__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "new_rows", "token_rows", "tree_rows"]
 
 
 class KVCacheError(RuntimeError):
@@ -52,6 +52,16 @@ def token_rows(block_tables, slots, positions, valid, block_size: int) -> torch.
     return torch.where(inside & (block >= 0), index, -1)
 
 
+def new_rows(block_tables, block_size: int, slots, cache_len, q_len, num_rows: int, rows_fn=token_rows):
+    """Where a forward's new rows go: row t of batch row b is logical position cache_len[b] + t,
+    valid for t < q_len[b]. Pure tensors (block tables in, no cache object), so compiled glue
+    can call it too. Returns (positions [B, T] int64, flat token rows [B, T] int64, -1 past
+    q_len or unallocated); `rows_fn` is `token_rows` or a cache's compiled copy of it."""
+    t = torch.arange(num_rows, device=cache_len.device)[None, :]  # [1, T]
+    logical = cache_len[:, None] + t  # [B, T]
+    return logical, rows_fn(block_tables, slots, logical, t < q_len[:, None], block_size)
+
+
 def tree_rows(block_tables, block_size: int, cache_len, depth, num_nodes):
     """A tree verify's new rows, one piece of index arithmetic: node i of row b (slot b) is
     stored at logical position cache_len[b] + i (its slot, not its depth) and rotated at
@@ -59,8 +69,7 @@ def tree_rows(block_tables, block_size: int, cache_len, depth, num_nodes):
     (slots [B], write_index [B, N] (-1 past num_nodes or unallocated), positions [B, N])."""
     B, N = depth.shape
     slots = torch.arange(B, device=cache_len.device)
-    t = torch.arange(N, device=cache_len.device)[None, :]  # [1, N]
-    index = token_rows(block_tables, slots, cache_len[:, None] + t, t < num_nodes[:, None], block_size)
+    _, index = new_rows(block_tables, block_size, slots, cache_len, num_nodes, N)
     return slots, index, cache_len[:, None] + depth
 
 
