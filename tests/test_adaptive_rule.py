@@ -250,3 +250,45 @@ def test_the_plain_step_due_is_priced_as_itself():
     assert 1.6 < e < 2.0  # speculating pays against the 1.6 s plain step, not against the 1.0 s one
     assert rule.choose(4, requests, PLAIN) is True and rule.last.seconds == {True: 2.0, False: 1.6}
     assert rule.choose(4, requests, DEFERRED) is False and rule.last.plain == DEFERRED
+
+
+# ----------------------------------------------------------------------------- folded in later
+def drive_like_the_engine(rule: AdaptiveRule, requests, accepts, steps: int, bucket: int, spec_s: float,
+                          plain_s: float) -> str:
+    """`drive` in the engine's order: choose, launch, fold the last step's acceptance in while
+    the device runs (`fold`), hand-off, keep this step's acceptance for later (`observe_later`)."""
+    out = []
+    for step in range(steps):
+        spec = rule.choose(bucket, requests)
+        rule.fold()
+        lengths = [min(accepts(step, i), r.budget) if spec else 0 for i, r in enumerate(requests)]
+        rule.measured(bucket, SPECULATIVE if spec else PLAIN, sum(a + 1 for a in lengths), spec_s if spec else plain_s)
+        rule.observe_later(requests if spec else [], lengths if spec else [])
+        out.append(("S" if spec else "P").lower() if rule.last.probe else ("S" if spec else "P"))
+    return "".join(out)
+
+
+def test_folded_in_later_the_estimates_equal_observing_at_once():
+    at_once, later = planted_rule(2.0, 1.0), planted_rule(2.0, 1.0)
+    requests_a, requests_b = [Req(), Req(budget=2)], [Req(), Req(budget=2)]
+    for lengths in ([4, 2], [1, 0], [3, 2]):
+        for r, a in zip(requests_a, lengths):
+            at_once.observe(r, a)
+        later.observe_later(requests_b, lengths)
+    later.fold()
+    assert [later.expected_tokens(r) for r in requests_b] == pytest.approx([at_once.expected_tokens(r) for r in requests_a])
+    assert later.pool.reached == pytest.approx(at_once.pool.reached)
+
+
+def test_in_the_engines_order_choices_lag_one_step_and_a_speculative_probe_waits_for_its_acceptance():
+    """The choice after a step reads estimates without that step (folded in while the next one
+    runs): the optimistic start speculates twice, a collapse shows one step later, and a
+    speculative probe is judged once its acceptance is in (one plain step later): the probe at
+    step 32 finds every draft accepted, and speculation resumes at step 34 for good."""
+    rule = planted_rule(1.5, 1.0)
+    seq = drive_like_the_engine(rule, [Req()], lambda step, i: 0 if step < 30 else D, 60, bucket=1, spec_s=1.5, plain_s=1.0)
+    assert seq == "SS" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" + "S" * 26
+    rule = planted_rule(2.0, 1.0)
+    seq = drive_like_the_engine(rule, [Req(), Req()], lambda step, i: D if step < 10 else 0, 40, bucket=4,
+                                spec_s=2.0, plain_s=1.0)
+    assert seq == "S" * 17 + "PPPP" + "s" + "P" * 8 + "s" + "P" * 9

@@ -685,6 +685,8 @@ class SpecEngine:
         if self.host_drafter:
             self._stage_host_drafts(b)
         self._launch(b, variant)
+        if self.adaptive:  # the last step's acceptance, folded in while the device runs this one
+            self.adaptive_rule.fold()
         # Token hand-off: the one device-to-host copy and the one wait of the step.
         host = self._handoff_host[:b]
         if self._handoff_event is not None:
@@ -696,6 +698,7 @@ class SpecEngine:
         rows = host.tolist()
         lengths = [row[0] for row in rows]
         emitted_total = 0  # tokens the step produced (before EOS / length cuts)
+        observed, observed_lengths = [], []  # the speculative step's requests and accepted lengths
         for slot, request in enumerate(self.slots[:b]):
             if request is None or request.status != RUNNING:
                 continue
@@ -706,7 +709,8 @@ class SpecEngine:
             request.budget_per_step.append(request.budget if speculative else 0)
             emitted_total += len(emitted)
             if self.adaptive and speculative:
-                self.adaptive_rule.observe(request, a)
+                observed.append(request)
+                observed_lengths.append(a)
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
             self._path_len[slot] = self._path_len[slot] + 1 if variant == DEFERRED else a
             self._emit(request, emitted)
@@ -715,6 +719,7 @@ class SpecEngine:
                             variant=variant, tokens=emitted_total)
         if self.adaptive:
             self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds)
+            self.adaptive_rule.observe_later(observed, observed_lengths)
         for obs in self.observers:
             obs.on_step(self, lengths)
 
