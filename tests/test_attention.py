@@ -107,9 +107,10 @@ def build_tree_step(case):
     return cache, batch, q
 
 
-# GPU: 150 examples, not the profile's 500: each draws a new kernel specialization (head dim,
-# group, splits, tiles), compiled on first use; 500 took 347 s of the 480 s `gpu_props.sh kernels` has
-@ci_examples(25, gpu=150)
+# GPU: 80 examples, not the profile's 500: each draws a new kernel specialization (head dim,
+# group, splits, tiles), compiled on first use; 500 took 347 s of the 480 s `gpu_props.sh kernels`
+# has, and 150 still took 257 s beside the part's other 7 workers (85a42e3)
+@ci_examples(25, gpu=80)
 @given(tree_cases(), st.sampled_from([None, 1, 16, 40, 128]))
 def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_split_keys):
     """... at any split count and any fewest keys per split (None: the kernel's choice;
@@ -305,9 +306,9 @@ def build_key_len_step(case, max_kv_len=None):
     return cache, batch, q
 
 
-# GPU: 150 examples, as the tree property above: 500 new kernel specializations took 411 s of
-# `gpu_props.sh kernels`' 480 (5436637), alone past the part's 420 s start deadline
-@ci_examples(25, gpu=150)
+# GPU: 80 examples, as the tree property above: 500 new kernel specializations took 411 s of
+# `gpu_props.sh kernels`' 480 (5436637), alone past the part's 420 s start deadline; 150 took 217 s (85a42e3)
+@ci_examples(25, gpu=80)
 @given(key_len_cases())
 def test_kernel_equals_reference_when_queries_see_key_rows_apart_from_themselves(case):
     note(case)
