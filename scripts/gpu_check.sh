@@ -22,6 +22,10 @@ out="${OUT:-/tmp/out}"; mkdir -p "$out"
 # Pass the commit from the development machine: git on the device machine's copy can name an
 # older commit than the tree it holds (seen at 240a9c8: it reported 993ff72).
 commit="${SPECDEC_COMMIT:-unknown (set SPECDEC_COMMIT to the full hash of the commit you copied)}"
+if [ -n "${SPECDEC_COMMIT:-}" ] && ! [[ "$SPECDEC_COMMIT" =~ ^[0-9a-f]{40}$ ]]; then  # 85a42e3 was once passed short
+  echo "SPECDEC_COMMIT=$SPECDEC_COMMIT is not a full commit hash (40 hex digits: git rev-parse HEAD)" >&2
+  exit 2
+fi
 start=$SECONDS
 part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit; its table row -> $out/LOG.row
   local name=$1 secs=$2 log=$3; shift 3
