@@ -147,6 +147,9 @@ class ForwardCounter:
     def __init__(self, engine, device) -> None:
         self.device = device
         self.counts = {"target": [0, 0, 0.0], "draft": [0, 0, 0.0]}  # role -> [forwards, tokens, seconds]
+        # role -> (chunks, longest chunk) -> [forwards, seconds]: whether setups that prefill the
+        # same prompts differ in how they group them or in what one group's forward costs
+        self.shapes = {"target": {}, "draft": {}}
         self._depth = {"target": 0, "draft": 0}
         self._wrapped = []
         drafter = engine.strategies.drafter
@@ -158,6 +161,7 @@ class ForwardCounter:
     def _wrap(self, owner, method: str, role: str, many: bool) -> None:
         inner = getattr(owner, method)
         count = self.counts[role]
+        shapes = self.shapes[role]
         depth = self._depth
         device = self.device
 
@@ -166,6 +170,7 @@ class ForwardCounter:
             if outermost:
                 count[0] += 1
                 count[1] += sum(len(c) for c in chunks) if many else len(chunks)
+                shape = (len(chunks), max(len(c) for c in chunks)) if many else (1, len(chunks))
                 sync(device)
                 t0 = time.perf_counter()
             depth[role] += 1
@@ -176,6 +181,9 @@ class ForwardCounter:
                 if outermost:
                     sync(device)
                     count[2] += time.perf_counter() - t0
+                    entry = shapes.setdefault(shape, [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += time.perf_counter() - t0
 
         setattr(owner, method, counted)
         self._wrapped.append((owner, method))
@@ -183,8 +191,12 @@ class ForwardCounter:
     def stop(self) -> dict:
         for owner, method in self._wrapped:
             delattr(owner, method)
-        return {f"{role}_{what}": n for role, (f, t, s) in self.counts.items()
-                for what, n in (("forwards", f), ("tokens", t), ("forward_s", s))}
+        out = {f"{role}_{what}": n for role, (f, t, s) in self.counts.items()
+               for what, n in (("forwards", f), ("tokens", t), ("forward_s", s))}
+        for role, shapes in self.shapes.items():
+            out[f"{role}_shapes"] = [dict(chunks=c, longest=n, forwards=f, ms_per_forward=1e3 * s / f)
+                                     for (c, n), (f, s) in sorted(shapes.items())]
+        return out
 
 
 def timed_run(dec, batch, params, device) -> dict:
@@ -258,6 +270,8 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     log(f"  {kind}: prompt forwards: target {med['target_forwards']} ({med['target_tokens']} tokens, "
         f"{med['target_forward_s']:.3f} s), draft head {med['draft_forwards']} ({med['draft_tokens']} tokens, "
         f"{med['draft_forward_s']:.3f} s); prefill host work around them {host:.3f} s")
+    log(f"  {kind}: target prompt forwards by chunks x longest chunk: " + "; ".join(
+        f"{d['chunks']}x{d['longest']} x{d['forwards']} {d['ms_per_forward']:.2f} ms" for d in med["target_shapes"]))
     for d in row["decision_summary"] or []:
         log(f"  adaptive bucket {d['bucket']:>3} {d['variant']:<11} steps {d['steps']:>4} (probes {d['probes']:>3}) "
             f"predicted {d['predicted_tok_s']:8.1f} tok/s, measured {d['measured_tok_s']:8.1f} tok/s (step tokens / step seconds)")

@@ -52,9 +52,13 @@ def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tm
         assert r["target_tokens"] == prompt_tokens, kind
         assert r["draft_tokens"] == (0 if kind == "target-only" else prompt_tokens), kind
         assert 0 < r["target_forward_s"] and r["target_forward_s"] + r["draft_forward_s"] <= r["prefill_s"], kind
+        # the target's forwards by group shape: every forward once, batch 1 groups one chunk each
+        shapes = r["target_shapes"]
+        assert sum(d["forwards"] for d in shapes) == r["target_forwards"] and {d["chunks"] for d in shapes} == {1}, kind
         # the run's steps by (bucket, variant) add up to its steps and its step time
         assert sum(d["steps"] for d in r["buckets"]) >= 1, kind
         assert abs(sum(d["ms_per_step"] * d["steps"] for d in r["buckets"]) / 1e3 - r["step_s"]) < 1e-6, kind
         assert {d["variant"] for d in r["buckets"]} <= ({"speculative", "plain", "deferred"} if kind == "adaptive"
                                                         else {"speculative"}), kind
     assert "steps per bucket: 1 " in text
+    assert "target prompt forwards by chunks x longest chunk: 1x" in text
