@@ -34,8 +34,8 @@ def world(tmp_path_factory):
 
 
 def _decoder(world, drafter: str, grouped: bool, **cfg) -> tuple[SpecDecoder, list]:
-    config = SpecConfig(drafter=drafter, max_draft_len=3, max_batch_size=4, max_seq_len=96, kv_block_size=4,
-                        prefill_chunk_size=24, **cfg)
+    config = SpecConfig(**{**dict(drafter=drafter, max_draft_len=3, max_batch_size=4, max_seq_len=96, kv_block_size=4,
+                                  prefill_chunk_size=24), **cfg})
     dec = SpecDecoder.from_pretrained(world["target"], world[drafter], config)
     engine, groups = dec.engine, []
     inner_group = engine._prefill_group
@@ -87,6 +87,33 @@ def test_groups_fit_the_chunk_budget_padded_and_take_the_oldest_first(world):
     # 4 slots: prompts 0-3 (7, 19, 2, 6 tokens) are admitted first; 19 does not fit beside 7
     # (2 x 19 > 24), so the oldest (7) goes with the younger 2 and 6, padded to 7; 19 goes next
     assert shapes[0] == (3, 7, [0, 2, 3])
+
+
+def test_with_prefill_buckets_a_group_of_fresh_prompts_fits_one_bucket(world):
+    """With padded (rows, length) prefill buckets (graphs on; here run without capture) a group
+    must also fit a bucket, or its forward runs eagerly. Chunk budget 64: buckets rows 1, 2, 4
+    x lengths 16, 32, 64 within 64 tokens. Prompts 7, 19, 2, 6: by tokens alone 7, 19 and 2
+    would share a forward (3 x 19 <= 64) padded to 4 x 32, no bucket; with buckets 7 and 19
+    go together (2 x 32), then 2 and 6 (2 x 16). The tokens stay those of one forward per request."""
+    from specdec.engine import use_prefill_buckets
+
+    reference, _ = _decoder(world, "eagle3", grouped=False, prefill_chunk_size=64)
+    dec, _ = _decoder(world, "eagle3", grouped=True, prefill_chunk_size=64)
+    engine = dec.engine
+    use_prefill_buckets(engine.runner, engine.strategies.drafter, engine.config, capture=False)
+    buckets, groups = engine.runner.prefill_buckets, []
+    inner = engine.runner.prefill_many
+
+    def record(slots, chunks, starts):
+        groups.append(([c.shape[0] for c in chunks], list(starts)))
+        return inner(slots, chunks, starts)
+
+    engine.runner.prefill_many = record
+    greedy = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    assert _generate(dec, greedy) == _generate(reference, greedy)
+    assert groups[0] == ([7, 19], [0, 0]) and groups[1] == ([2, 6], [0, 0])
+    assert all(buckets.key_for(lengths, starts) is not None for lengths, starts in groups if len(lengths) > 1)
+    assert buckets.bucket(3, 19) is None  # the group by tokens alone
 
 
 def test_a_failing_group_forward_is_retried_request_by_request(world):

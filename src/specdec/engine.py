@@ -369,17 +369,22 @@ class SpecEngine:
         """Prefilling requests, oldest first, whose next chunks, padded to the longest, fit one
         forward of `prefill_chunk_size` tokens: always the oldest, then each younger one that
         still fits (one that does not waits, oldest, for the next forward); only the oldest
-        if the runner has no `prefill_many`."""
+        if the runner has no `prefill_many`. When the runner prefills fresh prompts through
+        padded (rows, length) buckets (`use_prefill_buckets`: one CUDA graph each), a group of
+        them must also fit one bucket, or its forward runs eagerly (three 150-token prompts
+        fit 512 tokens, their bucket 4 x 256 does not)."""
         budget = self.config.prefill_chunk_size
         if not hasattr(self.runner, "prefill_many"):
             return prefilling[:1]
+        buckets = getattr(self.runner, "prefill_buckets", None)
         group, width = [], 0
         for request in prefilling:
             chunk = min(budget, len(request.prefill_tokens) - request.prefilled)
-            if group and (len(group) + 1) * max(width, chunk) > budget:
+            rows, longest = len(group) + 1, max(width, chunk)
+            if group and (rows * longest > budget or not _keeps_a_bucket(buckets, group, request, rows, longest)):
                 continue
             group.append(request)
-            width = max(width, chunk)
+            width = longest
         return group
 
     def _prefill_step(self, request: RequestState) -> None:
@@ -779,6 +784,15 @@ def use_prefill_buckets(runner, drafter, config: SpecConfig, *, capture: bool, p
         captured += drafter.use_prefill_buckets(max_len, capture=capture, pool=pool, max_rows=rows,
                                                 max_tokens=config.prefill_chunk_size)
     return captured
+
+
+def _keeps_a_bucket(buckets, group: list[RequestState], request: RequestState, rows: int, longest: int) -> bool:
+    """Whether `request` may join `group` (making it `rows` chunks of at most `longest` tokens)
+    without losing its bucket: always without buckets, or when the group already runs eagerly
+    (a chunk past position 0); else the request's chunk starts at 0 too and a bucket holds them."""
+    if buckets is None or any(r.prefilled for r in group):
+        return True
+    return request.prefilled == 0 and buckets.bucket(rows, longest) is not None
 
 
 def _drafter_prefill(drafter, slot: int, next_tokens: torch.Tensor, hidden, start: int) -> None:
