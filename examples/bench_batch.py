@@ -40,6 +40,7 @@ import time
 import torch
 from _bench_common import (JsonLines, SpecDecoder, TimedRegion, fmt, header, log, markdown_table, random_eagle3_head, sync,
                            warm_up)
+from _gpu_clocks import GpuClocks
 
 from specdec import SamplingParams, SpecConfig, hookimpl
 from specdec.adaptive import DecisionLog
@@ -207,7 +208,7 @@ def timed_run(dec, batch, params, device) -> dict:
     forwards = ForwardCounter(engine, device)
     steps_before = engine.step_times.seconds
     buckets_before = {k: list(v) for k, v in engine.step_times.by_bucket.items()}
-    with TimedRegion() as region:
+    with GpuClocks() as clocks, TimedRegion() as region:  # the SM clock it ran at (nvidia-smi, if there)
         sync(device)
         t0 = time.perf_counter()
         results = dec.generate(batch, params, progress=False)
@@ -228,7 +229,8 @@ def timed_run(dec, batch, params, device) -> dict:
                 tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1),
                 step_s=step_s, prefill_s=prefill.seconds, other_s=seconds - step_s - prefill.seconds,
                 decode_tok_s=(tokens - len(results)) / step_s if step_s else float("nan"),  # tokens the steps made
-                gc_ms=region.gc_ms, gc_collections=region.collections, buckets=buckets, **prefill_forwards)
+                gc_ms=region.gc_ms, gc_collections=region.collections, buckets=buckets, gpu=clocks.summary(),
+                **prefill_forwards)
 
 
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
@@ -272,6 +274,10 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
         f"{med['draft_forward_s']:.3f} s); prefill host work around them {host:.3f} s")
     log(f"  {kind}: target prompt forwards by chunks x longest chunk: " + "; ".join(
         f"{d['chunks']}x{d['longest']} x{d['forwards']} {d['ms_per_forward']:.2f} ms" for d in med["target_shapes"]))
+    if med["gpu"] is not None:
+        g = med["gpu"]
+        log(f"  {kind}: GPU during the run: SM clock median {g['sm_mhz_median']:.0f} MHz (lowest {g['sm_mhz_min']:.0f}), "
+            f"power median {g['power_w_median']:.0f} W (highest {g['power_w_max']:.0f}), {g['samples']} samples")
     for d in row["decision_summary"] or []:
         log(f"  adaptive bucket {d['bucket']:>3} {d['variant']:<11} steps {d['steps']:>4} (probes {d['probes']:>3}) "
             f"predicted {d['predicted_tok_s']:8.1f} tok/s, measured {d['measured_tok_s']:8.1f} tok/s (step tokens / step seconds)")

@@ -174,3 +174,20 @@ def test_count_kernels_counts_kernel_records_and_graph_launches():
                      ev("Stream Sync", DeviceType.CUDA)]
     assert count_kernels(without_types) == (1, 1)
     assert [fmt_count(v) for v in (None, 12.0, 12, 12.25)] == ["-", "12", "12", "12.2"]
+
+
+def test_gpu_clock_samples_parse_and_summarize(monkeypatch):
+    """nvidia-smi's csv lines become (MHz, W) samples; a cut or '[N/A]' line is skipped; without
+    nvidia-smi the sampler is inert and reports None."""
+    from _gpu_clocks import GpuClocks, parse_samples
+
+    text = "1980, 690.12\n1755, 700.00\n[N/A], [N/A]\n1830, 6\n19"
+    assert parse_samples(text) == [(1980.0, 690.12), (1755.0, 700.0), (1830.0, 6.0)]
+    clocks = GpuClocks()
+    clocks.samples = parse_samples(text)
+    assert clocks.summary() == dict(sm_mhz_median=1830.0, sm_mhz_min=1755.0, power_w_median=690.12, power_w_max=700.0,
+                                    samples=3)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with GpuClocks() as idle:
+        pass
+    assert idle.summary() is None

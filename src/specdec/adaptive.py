@@ -31,6 +31,10 @@ costs what target-only steps cost. Per step it picks
   plain probe runs only while the plain step could win at its cheapest (its warm-up time,
   which live steps do not undercut); speculative probes always run (they are also what
   refreshes the acceptance estimates while plain steps are chosen).
+- **When.** The engine folds a step's acceptance into the estimates right after it launches
+  the next step (`observe_later`, then `fold`), so that per-request host work overlaps the
+  device instead of idling it between steps; a choice therefore reads estimates one step old,
+  and a speculative probe is judged once its acceptance is in.
 
 The per-slot draft budget is not a candidate of its own: one captured graph serves every
 budget of a bucket at one cost, so a request's own budget (`num_draft_tokens`) is always
