@@ -25,6 +25,7 @@ Targets (`--targets`):
     python examples/bench_batch.py                         # H200: all targets, batch 1 4 16 64
     python examples/bench_batch.py --targets smollm2 --batch-sizes 1 4
     python examples/bench_batch.py --quick                 # CPU smoke run on tiny random models
+    python examples/bench_batch.py --targets 8b-none --batch-sizes 64 --profile 25   # + one profiled run per setup
 
 Targets (issue 22, H200): adaptive >= 0.98x target-only and >= 0.97x the better of fixed and
 target-only at every batch size and target, the never-accepting head included.
@@ -233,6 +234,37 @@ def timed_run(dec, batch, params, device) -> dict:
                 **prefill_forwards)
 
 
+def profile_run(dec, batch, params, device, kind: str, rows: int) -> None:
+    """`generate` of `batch` under torch.profiler, then under cProfile (after the timed runs,
+    so they are not perturbed): the `rows` ops with the most host time and, on CUDA, the most
+    device time, then the `rows` Python functions with the most own time, each with its calls,
+    so a run's prefill and steps can be read op by op and the engine's host work function by
+    function."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        dec.generate(batch, params, progress=False)
+        sync(device)
+    events = prof.key_averages()
+    log(f"  {kind}: profiled run, ops by self host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=rows))
+    if device.type == "cuda":
+        log(f"  {kind}: profiled run, ops by self device time:\n" + events.table(sort_by="self_cuda_time_total", row_limit=rows))
+    # the Python side (the engine's host work between forwards and steps), in a run of its own
+    import cProfile
+    import io
+    import pstats
+
+    python = cProfile.Profile()
+    python.enable()
+    dec.generate(batch, params, progress=False)
+    sync(device)
+    python.disable()
+    text = io.StringIO()
+    pstats.Stats(python, stream=text).sort_stats("tottime").print_stats(rows)
+    log(f"  {kind}: profiled run, Python functions by own time (cProfile):\n" + text.getvalue())
+
+
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     """Output tok/s of one decoder kind at batch B on max(2B, --min-requests) prompts (warm-up not
     timed): the median of --repeats timed runs on the same warm decoder."""
@@ -255,6 +287,8 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
         rule.decisions, rule.probes = {True: 0, False: 0}, 0
         dec.add_observer(decision_log)
     runs = [timed_run(dec, batch, params, device) for _ in range(args.repeats)]
+    if args.profile:  # one more run, untimed, under the profiler: where host and device time go
+        profile_run(dec, batch, params, device, kind, args.profile)
     med = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]  # the median run (its own breakdown)
     decisions = None if rule is None else dict(speculative=rule.decisions[True], plain=rule.decisions[False], probes=rule.probes)
     row = dict(kind=kind, batch=B, **med, warmup_s=warm_s, repeats=len(runs),
@@ -303,9 +337,14 @@ def main() -> None:
     p.add_argument("--compile", default="auto")
     p.add_argument("--cuda-graphs", default="auto")
     p.add_argument("--out", default=None, help="JSON lines of every row")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="after the timed runs, one more under torch.profiler per setup: print its ROWS ops with the most "
+                        "host (and device) time (0: none)")
     args = p.parse_args()
     if args.repeats < 1:
         p.error(f"--repeats {args.repeats} is out of range; allowed: an int >= 1")
+    if args.profile < 0:
+        p.error(f"--profile {args.profile} is out of range; allowed: an int >= 0 (0: no profiled run)")
     for name in ("compile", "cuda_graphs"):
         value = getattr(args, name)
         setattr(args, name, {"on": True, "off": False, "true": True, "false": False}.get(value, value))

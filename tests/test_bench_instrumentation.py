@@ -191,3 +191,22 @@ def test_gpu_clock_samples_parse_and_summarize(monkeypatch):
     with GpuClocks() as idle:
         pass
     assert idle.summary() is None
+
+
+def test_bench_batch_profile_run_prints_ops_and_python_functions(capsys):
+    """`bench_batch.py --profile ROWS`: one run under torch.profiler (ops by host time) and one
+    under cProfile (Python functions by own time), on any decoder with `generate`."""
+    import torch
+    from bench_batch import profile_run
+
+    calls = []
+
+    def generate(batch, params, progress=False):
+        calls.append(len(batch))
+        return [torch.ones(8, 8) @ torch.ones(8, 8)]
+
+    profile_run(SimpleNamespace(generate=generate), [[1, 2], [3]], None, torch.device("cpu"), "fixed", 3)
+    out = capsys.readouterr().out
+    assert calls == [2, 2]
+    assert "fixed: profiled run, ops by self host time" in out and "aten::mm" in out
+    assert "fixed: profiled run, Python functions by own time (cProfile)" in out and "generate" in out
