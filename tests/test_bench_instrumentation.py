@@ -210,3 +210,14 @@ def test_bench_batch_profile_run_prints_ops_and_python_functions(capsys):
     assert calls == [2, 2]
     assert "fixed: profiled run, ops by self host time" in out and "aten::mm" in out
     assert "fixed: profiled run, Python functions by own time (cProfile)" in out and "generate" in out
+
+
+def test_bench_rule_host_times_both_orders():
+    """examples/bench_rule_host.py: the rule's host microseconds per step, observing at once
+    (all between steps) and in the engine's order (fold beside the device)."""
+    from bench_rule_host import time_orders
+
+    t = time_orders(batch=3, steps=5)
+    assert set(t) == {"at once", "engine"}
+    assert t["at once"][0] > 0 and t["at once"][1] == 0.0  # nothing overlapped when observing at once
+    assert t["engine"][0] > 0 and t["engine"][1] > 0
