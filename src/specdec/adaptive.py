@@ -265,10 +265,11 @@ class AdaptiveRule:
     def observe_later(self, requests: list, accept_lengths: list[int]) -> None:
         """After a step: keep its requests' accepted lengths for `fold()`, which the engine
         calls right after launching the next step, so this per-request host work (with the
-        sums the next choice reads: 368 us a step at batch 64 on a 2-core CPU, which made an
-        adaptive speculative step of SmolLM2 on the H200 0.57 ms slower than a fixed chain's)
-        runs while the device computes instead of between two steps. The choice made in
-        between reads estimates one step old. A plain step passes no requests."""
+        sums the next choice reads: ~400 us a step at batch 64 on a 2-core CPU,
+        `examples/bench_rule_host.py`; it made an adaptive speculative step of SmolLM2 on the
+        H200 0.57 ms slower than a fixed chain's) runs while the device computes instead of
+        between two steps. The choice made in between reads estimates one step old. A plain
+        step passes no requests."""
         self.fold()  # never more than one step pending
         self._pending = (self._step, list(zip(requests, accept_lengths, strict=True)))
 
