@@ -205,6 +205,7 @@ class SpecEngine:
         self._path_len = [-1] * B  # accept_length on the device: rows of the path the drafter has not ingested, - 1
         self._last_tokens: list[list[int]] = [[] for _ in range(B)]
         self._roots = [0] * B
+        self._backed = [0] * B  # target KV positions known to be backed per slot (`_reserve_ahead`)
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}  # (bucket, step variant) -> graph
         self.capture_count = 0  # step graphs captured
         self.prefill_graph_count = 0  # prefill graphs captured (target and drafter, per (requests, length) bucket)
@@ -616,31 +617,40 @@ class SpecEngine:
         return min(-(-reach // KV_LEN_BUCKET) * KV_LEN_BUCKET, self.config.max_seq_len)
 
     def _reserve_ahead(self) -> None:
-        """Back every running request's next steps; on a short pool, preempt the youngest."""
+        """Back every running request's next steps; on a short pool, preempt the youngest.
+        Most steps need no new block: `_backed[slot]` (the positions known to be backed, a
+        lower bound, since a slot keeps its blocks until its request leaves) skips the
+        allocator for them (batch 64, nothing to grow: 14 us a step against 34 asking it for
+        every request, 2-core CPU)."""
         ahead = self.lookahead * (1 + self.config.kv_lookahead_steps)
-        for r in sorted(self.running(), key=lambda r: r.admitted):  # the oldest are served first
+        short = [r for r in self.running() if self._backed[r.slot] < min(r.committed + self.lookahead, r.max_positions)]
+        for r in sorted(short, key=lambda r: r.admitted):  # the oldest are served first
             if r.status != RUNNING:
                 continue  # preempted for an older request in this loop
             need = min(r.committed + self.lookahead, r.max_positions)
-            if self.runner.capacity(r.slot) >= need:
-                continue
-            for target in (min(r.committed + ahead, r.max_positions), need):
-                try:
-                    self.runner.reserve(r.slot, target, flush=False)
-                    break
-                except KVCacheError:
-                    continue
-            else:
-                while self.runner.capacity(r.slot) < need:
-                    victims = [v for v in self.running() if v is not r]
-                    if not victims:  # cannot happen: submit() refuses requests larger than the pool
-                        raise KVCacheError(f"request {r.id} cannot grow to {need} positions with the pool empty")
-                    self._preempt(max(victims, key=lambda v: v.admitted))
-                    try:
-                        self.runner.reserve(r.slot, need, flush=False)
-                    except KVCacheError:
-                        pass
+            if self.runner.capacity(r.slot) < need:
+                self._grow(r, need, ahead)
+            self._backed[r.slot] = self.runner.capacity(r.slot)
         self.runner.flush()
+
+    def _grow(self, r: RequestState, need: int, ahead: int) -> None:
+        """Back `need` positions of `r` (`ahead` if the pool allows), preempting the youngest
+        other requests while the pool is short."""
+        for target in (min(r.committed + ahead, r.max_positions), need):
+            try:
+                self.runner.reserve(r.slot, target, flush=False)
+                return
+            except KVCacheError:
+                continue
+        while self.runner.capacity(r.slot) < need:
+            victims = [v for v in self.running() if v is not r]
+            if not victims:  # cannot happen: submit() refuses requests larger than the pool
+                raise KVCacheError(f"request {r.id} cannot grow to {need} positions with the pool empty")
+            self._preempt(max(victims, key=lambda v: v.admitted))
+            try:
+                self.runner.reserve(r.slot, need, flush=False)
+            except KVCacheError:
+                pass
 
     def _preempt(self, request: RequestState) -> None:
         """Drop `request`'s KV and slot; it waits at the front of the queue and resumes later."""
@@ -753,6 +763,7 @@ class SpecEngine:
         self.slots[slot] = None  # `request.slot` keeps the number (finished requests report it)
         self.state.active[slot] = False
         self.runner.free(slot)
+        self._backed[slot] = 0
         self.strategies.drafter.reset_slot(slot)
 
     def _finish(self, request: RequestState, reason: str, error: str | None = None) -> None:
