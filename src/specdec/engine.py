@@ -191,6 +191,7 @@ class SpecEngine:
         self.slots: list[RequestState | None] = [None] * B  # the request holding each slot
         self.waiting: deque[RequestState] = deque()  # submitted, not admitted (oldest first)
         self.touched: list[RequestState] = []  # requests with new tokens or a finish this iteration
+        self._touched_ids: set[int] = set()  # their ids (a list membership test cost O(batch) per request)
         self._next_id = 0
         self._admissions = 0
         self.eos_token_ids = tuple(runner.info.eos_token_ids)
@@ -302,6 +303,7 @@ class SpecEngine:
     def run_iteration(self) -> list[RequestState]:
         """Admit, advance prefills, run one step; returns the requests that got tokens or finished."""
         self.touched = []
+        self._touched_ids = set()
         self._admit()
         self._advance_prefills()
         if self.running():
@@ -742,18 +744,30 @@ class SpecEngine:
     def _emit(self, request: RequestState, new_tokens: list[int]) -> None:
         """Append tokens, cutting at EOS / stop tokens / max_new_tokens; free finished slots."""
         params = request.params
-        stops = set(params.stop_token_ids)
-        eos = set() if params.ignore_eos else set(self.eos_token_ids)
-        if request not in self.touched:
-            self.touched.append(request)
+        if request.end_ids is None:  # (stop ids, EOS ids), once per request
+            request.end_ids = (frozenset(params.stop_token_ids),
+                               frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
+        stops, eos = request.end_ids
+        self._touch(request)
+        tokens = request.token_ids
+        if len(tokens) + len(new_tokens) < params.max_new_tokens and stops.isdisjoint(new_tokens) \
+                and eos.isdisjoint(new_tokens):  # the common step: nothing ends the request
+            tokens.extend(new_tokens)
+            return
         for tok in new_tokens:
-            request.token_ids.append(tok)
+            tokens.append(tok)
             reason = "stop" if tok in stops else "eos" if tok in eos else None
-            if reason is None and len(request.token_ids) >= params.max_new_tokens:
+            if reason is None and len(tokens) >= params.max_new_tokens:
                 reason = "length"
             if reason is not None:
                 self._finish(request, reason)
                 return
+
+    def _touch(self, request: RequestState) -> None:
+        """`request` goes into this iteration's `touched` (once)."""
+        if request.id not in self._touched_ids:
+            self._touched_ids.add(request.id)
+            self.touched.append(request)
 
     def _release(self, request: RequestState) -> None:
         """Give back the slot, its KV blocks and the drafter's per-slot state."""
@@ -769,8 +783,7 @@ class SpecEngine:
     def _finish(self, request: RequestState, reason: str, error: str | None = None) -> None:
         request.status, request.finish_reason, request.error = FINISHED, reason, error
         self._release(request)
-        if request not in self.touched:
-            self.touched.append(request)
+        self._touch(request)
 
     def _fail(self, requests: list[RequestState], err: BaseException) -> None:
         message = f"{type(err).__name__}: {err}"

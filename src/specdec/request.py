@@ -52,6 +52,7 @@ class RequestState:
     admitted: int = -1  # admission counter (the youngest running request is preempted first)
     preemptions: int = 0
     acceptance: "DepthAcceptance | None" = None  # per-depth acceptance estimate (adaptive speculation)
+    end_ids: tuple[frozenset, frozenset] | None = None  # (stop ids, EOS ids), made by the engine's first emit
     tag: object = None  # the submitter's handle (e.g. `AsyncEngine`'s stream), never read by the engine
 
     @property
