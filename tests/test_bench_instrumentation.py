@@ -221,3 +221,14 @@ def test_bench_rule_host_times_both_orders():
     assert set(t) == {"at once", "engine"}
     assert t["at once"][0] > 0 and t["at once"][1] == 0.0  # nothing overlapped when observing at once
     assert t["engine"][0] > 0 and t["engine"][1] > 0
+
+
+def test_bench_engine_host_times_iterations_with_the_step_stubbed(tmp_path):
+    """examples/bench_engine_host.py: an engine iteration's host microseconds with every
+    request running and the device step replaced by a no-op."""
+    from bench_engine_host import host_us_per_iteration, tiny_target
+
+    target = tiny_target(tmp_path)
+    assert host_us_per_iteration(target, batch=2, iterations=3, repeats=2) > 0
+    with pytest.raises(ValueError, match="iterations x repeats = 400"):
+        host_us_per_iteration(target, batch=1, iterations=200, repeats=2)
