@@ -257,10 +257,16 @@ class AdaptiveRule:
         """After a speculative step: fold `request`'s accepted length into its and the pool's estimates."""
         if request.budget == 0:
             return
+        self._record(request, accept_length)
+        self._folded = self._step
+
+    def _record(self, request, accept_length: int) -> None:
+        """`request`'s accepted length into its and the pool's estimates (budget 0: nothing drafted)."""
+        if request.budget == 0:
+            return
         limit = self.depth_limit(request)
         self.estimate(request).observe(accept_length, limit)
         self.pool.observe(accept_length, limit)
-        self._folded = self._step
 
     def observe_later(self, requests: list, accept_lengths: list[int]) -> None:
         """After a step: keep its requests' accepted lengths for `fold()`, which the engine
@@ -281,7 +287,7 @@ class AdaptiveRule:
         step, observed = self._pending
         self._pending = None
         for request, accept_length in observed:
-            self.observe(request, accept_length)
+            self._record(request, accept_length)
         for request, _ in observed:
             self.expected_tokens(request)
         self._folded = step

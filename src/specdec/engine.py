@@ -625,11 +625,11 @@ class SpecEngine:
         allocator for them (batch 64, nothing to grow: 14 us a step against 34 asking it for
         every request, 2-core CPU)."""
         ahead = self.lookahead * (1 + self.config.kv_lookahead_steps)
-        short = [r for r in self.running() if self._backed[r.slot] < min(r.committed + self.lookahead, r.max_positions)]
-        for r in sorted(short, key=lambda r: r.admitted):  # the oldest are served first
+        needs = ((r, min(r.committed + self.lookahead, r.max_positions)) for r in self.running())
+        short = [(r, need) for r, need in needs if self._backed[r.slot] < need]
+        for r, need in sorted(short, key=lambda pair: pair[0].admitted):  # the oldest are served first
             if r.status != RUNNING:
                 continue  # preempted for an older request in this loop
-            need = min(r.committed + self.lookahead, r.max_positions)
             if self.runner.capacity(r.slot) < need:
                 self._grow(r, need, ahead)
             self._backed[r.slot] = self.runner.capacity(r.slot)
