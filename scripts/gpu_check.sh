@@ -41,8 +41,10 @@ part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit; its t
 rm -f "$out"/*.row
 part "SmolLM2 smoke, float32: every drafter = target-only token for token" 330 smoke_fp32.log \
   python scripts/gpu_smoke.py --dtypes float32 --out "$out/smoke_fp32.json" &
+source "$(dirname "$0")/gpu_sched.sh"  # longest first, the first tests one per worker
+rm -f "$out/tests_gpu.jsonl"  # every test call's outcome, written as it ends (survives a cut-off run)
 part "CUDA tests (pytest -m gpu, 8 workers)" 330 tests_gpu.log \
-  python -m pytest -q -p no:cacheprovider -m gpu -n 8 --dist load --durations=15 tests/
+  env SPECDEC_TEST_REPORT="$out/tests_gpu.jsonl" python -m pytest -q -p no:cacheprovider -m gpu -n 8 "${sched[@]}" --durations=15 tests/
 wait
 part "SmolLM2 smoke, bfloat16 (alone: its tok/s)" 130 smoke_bf16.log \
   python scripts/gpu_smoke.py --dtypes bfloat16 --out "$out/smoke_bf16.json"
@@ -70,6 +72,8 @@ verdict=PASS; [ $failed -ne 0 ] && verdict=FAIL
       || echo "(no $dtype smoke summary: see smoke_$dtype.log)"
     echo
   done
+  echo
+  python -c 'import collections, json, sys; c = collections.Counter(json.loads(l)["outcome"] for l in open(sys.argv[1]) if json.loads(l)["when"] == "call"); print("CUDA test calls reported as they ended (tests_gpu.jsonl):", dict(c))' "$out/tests_gpu.jsonl" 2>/dev/null || true
   echo
   echo "Failed tests (if any):"
   grep -E "^(FAILED|ERROR) " "$out/tests_gpu.log" | head -30 || true

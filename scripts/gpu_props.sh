@@ -70,9 +70,12 @@ start=$SECONDS
 # Tests that would start after 420 s (PROPS_DEADLINE_S) are skipped (tests/_timebox.py), so pytest ends on its
 # own with its summary and slowest tests; every failure and duration is also written to
 # props_<part>.jsonl as it happens. The timeout is the last resort (SIGINT at 510 s).
+# Longest first, the first tests one per worker (scripts/gpu_sched.sh): the slowest properties
+# start at once on separate workers.
+source "$root/scripts/gpu_sched.sh"
 rm -f "$out/props_$part.jsonl"
 SPECDEC_TEST_DEADLINE=$(( $(date +%s) + ${PROPS_DEADLINE_S:-420} )) SPECDEC_TEST_REPORT="$out/props_$part.jsonl" \
-HYPOTHESIS_PROFILE=gpu timeout -s INT -k 30 510 python -m pytest -q -p no:cacheprovider -n 8 --dist load --durations=25 \
+HYPOTHESIS_PROFILE=gpu timeout -s INT -k 30 510 python -m pytest -q -p no:cacheprovider -n 8 "${sched[@]}" --durations=25 \
   -rfEs "${files[@]}" > "$out/props_$part.log" 2>&1
 rc=$?
 summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$out/props_$part.log" | tail -1)  # pytest's last line

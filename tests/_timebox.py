@@ -6,6 +6,11 @@ being interrupted (SIGINT under xdist crashed the controller, INTERNALERROR, and
 tests had failed). SPECDEC_TEST_REPORT (a path): one JSON line per test phase that did not
 pass quietly, plus every call's duration, appended as each test finishes (under xdist by the
 controller, which receives every worker's reports: one writer, whole lines).
+SPECDEC_TEST_ORDER (a path, `tests/gpu_durations.json`): collected tests are run longest first
+by the durations recorded there (unknown tests after, in collection order), so under
+`pytest -n 8 --dist loadgroup` (scripts/gpu_sched.sh) the slowest properties start at once on separate workers
+instead of queuing behind each other in one worker's chunk (the kernels part took 517 s for
+1674 s of tests over 8 workers at 0c679cb: its two longest, 234 s and 179 s, were neighbours).
 """
 
 from __future__ import annotations
@@ -23,6 +28,16 @@ _IN_WORKER = False  # an xdist worker: the controller receives its reports and w
 def pytest_configure(config) -> None:
     global _IN_WORKER
     _IN_WORKER = hasattr(config, "workerinput")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    path = os.environ.get("SPECDEC_TEST_ORDER")
+    if not path:
+        return
+    with open(path) as f:
+        seconds = json.load(f)["seconds"]  # {nodeid: seconds of its call}
+    # stable: equal (and unknown) durations keep collection order; every xdist worker sorts the same
+    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
 
 
 def pytest_runtest_setup(item) -> None:

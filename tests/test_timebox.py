@@ -49,3 +49,70 @@ def test_tests_after_the_deadline_are_skipped_with_the_reason_the_script_counts(
     rows, stdout = _run(tmp_path, deadline=time.time() - 1)
     assert "2 skipped" in stdout
     assert len(rows) == 2 and all(r["outcome"] == "skipped" and "session deadline" in r["reason"] for r in rows)
+
+
+ORDERED = '''
+import os
+
+def _log(name):
+    with open(os.environ["ORDER_LOG"], "a") as f:
+        f.write(f"{name} {os.environ.get('PYTEST_XDIST_WORKER', 'main')}\\n")
+
+''' + "".join(f'''
+def test_{name}():
+    _log("{name}")
+''' for name in ("a", "b", "c", "d", "e", "f", "g", "h"))
+
+
+def _run_ordered(tmp_path: Path, seconds: dict[str, float] | None, xdist: list[str]) -> list[tuple[str, str]]:
+    """The sample's tests as (name, worker), in the order they started."""
+    (tmp_path / "test_ordered.py").write_text(ORDERED)
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["_timebox"]\n')
+    log = tmp_path / "order.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "ORDER_LOG": str(log), "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for name in ("SPECDEC_TEST_DEADLINE", "SPECDEC_TEST_REPORT", "SPECDEC_TEST_ORDER"):
+        env.pop(name, None)
+    if seconds is not None:
+        order = tmp_path / "durations.json"
+        order.write_text(json.dumps({"seconds": {f"test_ordered.py::test_{k}": v for k, v in seconds.items()}}))
+        env["SPECDEC_TEST_ORDER"] = str(order)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *xdist,
+                          "test_ordered.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "8 passed" in out.stdout, out.stdout + out.stderr
+    return [tuple(line.split()) for line in log.read_text().splitlines()]
+
+
+def test_known_durations_run_longest_first_and_unknown_tests_keep_their_order(tmp_path):
+    started = _run_ordered(tmp_path, {"c": 1.0, "f": 30.0, "h": 2.5}, [])
+    assert [name for name, _ in started] == ["f", "h", "c", "a", "b", "d", "e", "g"]
+    assert [name for name, _ in _run_ordered(tmp_path, None, [])] == list("abcdefgh")
+
+
+def test_loadgroup_puts_the_two_longest_on_separate_workers(tmp_path):
+    """What gpu_sched.sh relies on: under --dist loadgroup the first tests go one per worker;
+    --dist load first hands each worker a chunk of neighbours (here 2: both longest on one)."""
+    seconds = {"g": 200.0, "b": 180.0}
+    worker = dict(_run_ordered(tmp_path, seconds, ["-n", "2", "--dist", "loadgroup"]))
+    assert worker["g"] != worker["b"]
+    worker = dict(_run_ordered(tmp_path, seconds, ["-n", "2", "--dist", "load"]))
+    assert worker["g"] == worker["b"]
+
+
+def test_gpu_durations_keeps_each_calls_longest_time_above_the_floor(tmp_path):
+    sys.path.insert(0, str(TESTS.parent / "scripts"))
+    try:
+        from gpu_durations import main, read_durations
+    finally:
+        sys.path.pop(0)
+    rows = [dict(nodeid="t.py::a", when="call", outcome="passed", seconds=3.0),
+            dict(nodeid="t.py::b", when="call", outcome="passed", seconds=0.2),
+            dict(nodeid="t.py::a", when="setup", outcome="failed", seconds=90.0)]
+    first, second = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    second.write_text(json.dumps(dict(nodeid="t.py::a", when="call", outcome="passed", seconds=5.5)) + "\n")
+    assert read_durations([first, second], min_seconds=1.0) == {"t.py::a": 5.5}
+    assert read_durations([first], min_seconds=0.0) == {"t.py::a": 3.0, "t.py::b": 0.2}
+    out = tmp_path / "durations.json"
+    main([str(first), str(second), "--out", str(out)])
+    assert json.loads(out.read_text())["seconds"] == {"t.py::a": 5.5}
