@@ -123,3 +123,16 @@ def test_sample_from_probs_follows_the_distribution():
     freq = torch.bincount(draws, minlength=4).double() / n
     tau = 0.5 * math.sqrt(3 / n) + math.sqrt(math.log(1e6) / (2 * n))  # see test_sampling_distribution
     assert 0.5 * float((freq - p.double()).abs().sum()) <= tau and freq[1] == 0
+
+
+@given(data=st.data(), rows=st.integers(1, 4), vocab=st.sampled_from([1, 2, 5, 33]), seed=st.integers(0, 2**31 - 1))
+def test_a_greedy_rows_draw_is_its_argmax_whatever_the_uniform(data, rows, vocab, seed):
+    """What the engine's greedy first token relies on (`SpecEngine._first_tokens` takes the
+    argmax when every request of a prefill group is greedy): the draw from a temperature-0 row
+    is its first argmax for any uniform in [0, 1), ties included."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-2, 3, (rows, vocab), generator=gen).float()  # few values: many ties
+    u = torch.tensor(data.draw(st.lists(st.floats(0, 1, exclude_max=True), min_size=rows, max_size=rows)), dtype=torch.float64)
+    zeros = torch.zeros(rows)
+    probs = sampling_probs(logits, zeros, zeros.long(), torch.ones(rows), zeros)
+    assert torch.equal(sample_from_probs(probs, u), logits.argmax(-1))

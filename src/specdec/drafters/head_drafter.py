@@ -48,6 +48,7 @@ from specdec.ops.sampling import sample_from_probs
 from specdec.runtime.attention import AttentionBatch, attention
 from specdec.runtime.batch import new_rows, prefill_batch
 from specdec.runtime.bucket_graphs import BucketGraphs, PaddedChunks, bucket_grid
+from specdec.runtime.host_copy import to_device
 from specdec.runtime.kv_cache import PagedKVCache
 from specdec.strategies import DraftInput
 from specdec.types import DraftTree
@@ -391,14 +392,15 @@ class HeadDrafter:
             self.prefill_buckets.run(key)
             return
         dev = self.device
-        q_len = torch.tensor(lengths, device=dev)  # [n]
-        batch = prefill_batch(self.cache, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), q_len,
+        slots_starts_q_len = to_device([slots, starts, lengths], dev)  # [3, n]: one copy
+        q_len = slots_starts_q_len[2]  # [n]
+        batch = prefill_batch(self.cache, slots_starts_q_len[0], slots_starts_q_len[1], q_len,
                               max(lengths), max_kv_len=max(s + n for s, n in zip(starts, lengths)))
         tokens = torch.nn.utils.rnn.pad_sequence([t.to(dev) for t in next_tokens], batch_first=True)  # [n, T]
         states = torch.nn.utils.rnn.pad_sequence([h.to(dev, self.dtype) for h in hidden], batch_first=True)  # [n, T, w]
         out, logits = self._forward(self.embed(tokens), states, batch.positions, self._attend(batch), first=True,
                                     logits_rows=_last_index(q_len))
-        self._keep_last_rows(torch.tensor(slots, device=dev), out, logits, q_len)
+        self._keep_last_rows(slots_starts_q_len[0], out, logits, q_len)
 
     def _keep_last_rows(self, slots: torch.Tensor, out: torch.Tensor, logits: torch.Tensor, q_len: torch.Tensor) -> None:
         """A prefill forward's last row per chunk becomes its slot's `ctx_hidden` / `root_logits`

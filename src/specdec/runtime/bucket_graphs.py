@@ -25,6 +25,8 @@ from typing import Any, Callable
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from .host_copy import to_device
+
 __all__ = ["BucketGraphs", "PaddedChunks", "bucket_grid", "capture_graph", "length_buckets", "row_buckets"]
 
 SMALLEST = 16  # the smallest bucket: shorter chunks pad to it (launch-bound there: free)
@@ -167,8 +169,9 @@ class PaddedChunks:
         order = list(range(len(chunks))) + [0] * (R - len(chunks))
         tokens = pad_sequence([chunks[i] for i in order], batch_first=True)  # [R, T_max]
         self.tokens(key)[:, : tokens.shape[1]].copy_(tokens)
-        self.slots[:R].copy_(torch.tensor([slots[i] for i in order]))
-        self.q_len[:R].copy_(torch.tensor([chunks[i].shape[0] for i in order]))
+        slots_q_len = to_device([[slots[i] for i in order], [chunks[i].shape[0] for i in order]], self.slots.device)  # [2, R]
+        self.slots[:R].copy_(slots_q_len[0])
+        self.q_len[:R].copy_(slots_q_len[1])
         if states is not None:
             padded = pad_sequence([states[i] for i in order], batch_first=True)  # [R, T_max, w]
             self.states(key)[:, : padded.shape[1]].copy_(padded)

@@ -15,6 +15,7 @@ from ..models.capture import CaptureBuffer, LayerTap, capture_max_tokens
 from ..types import TreeMeta
 from .batch import prefill_batch, tree_batch
 from .bucket_graphs import BucketGraphs, PaddedChunks, bucket_grid
+from .host_copy import to_device
 
 __all__ = ["ModelRunner"]
 
@@ -117,9 +118,10 @@ class ModelRunner:
         dev = chunks[0].device
         T = max(lengths)
         tokens = torch.nn.utils.rnn.pad_sequence(chunks, batch_first=True)  # [n, T], padded with 0
-        q_len = torch.tensor(lengths, device=dev)  # [n]
+        slots_starts_q_len = to_device([slots, starts, lengths], dev)  # [3, n]: one copy
+        q_len = slots_starts_q_len[2]  # [n]
         batch = prefill_batch(
-            self.cache, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), q_len, T,
+            self.cache, slots_starts_q_len[0], slots_starts_q_len[1], q_len, T,
             max_kv_len=max(s + n for s, n in zip(starts, lengths)),
         )
         out = self.model(tokens, batch.positions, self.cache, batch, capture=self.capture, logits_index=(q_len - 1)[:, None])
