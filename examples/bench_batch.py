@@ -45,6 +45,7 @@ from _gpu_clocks import GpuClocks
 
 from specdec import SamplingParams, SpecConfig, hookimpl
 from specdec.adaptive import DecisionLog
+from specdec.step_timing import HOST_PARTS
 from specdec.registry import get_plugin_manager
 from specdec.types import Acceptance
 
@@ -209,6 +210,7 @@ def timed_run(dec, batch, params, device) -> dict:
     forwards = ForwardCounter(engine, device)
     steps_before = engine.step_times.seconds
     buckets_before = {k: list(v) for k, v in engine.step_times.by_bucket.items()}
+    host_before = {k: list(v) for k, v in engine.step_times.host_split.items()}
     with GpuClocks() as clocks, TimedRegion() as region:  # the SM clock it ran at (nvidia-smi, if there)
         sync(device)
         t0 = time.perf_counter()
@@ -222,8 +224,11 @@ def timed_run(dec, batch, params, device) -> dict:
     for (bucket, variant), (n, sec, tok) in sorted(engine.step_times.by_bucket.items()):
         n0, sec0, tok0 = buckets_before.get((bucket, variant), (0, 0.0, 0))
         if n > n0:
+            split = engine.step_times.host_split.get((bucket, variant), [0.0] * len(HOST_PARTS))
+            split0 = host_before.get((bucket, variant), [0.0] * len(HOST_PARTS))
             buckets.append(dict(bucket=bucket, variant=variant, steps=n - n0, ms_per_step=1e3 * (sec - sec0) / (n - n0),
-                                tok_s=(tok - tok0) / (sec - sec0)))
+                                tok_s=(tok - tok0) / (sec - sec0),
+                                host_us={part: 1e6 * (a - a0) / (n - n0) for part, a, a0 in zip(HOST_PARTS, split, split0)}))
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.stats.steps for r in results)
     return dict(tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
@@ -302,6 +307,8 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     label = (lambda d: f"{d['bucket']} {d['variant']}") if kind == "adaptive" else (lambda d: f"{d['bucket']}")
     log(f"  {kind}: steps per bucket: " + "; ".join(
         f"{label(d)} x{d['steps']} {d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s" for d in med["buckets"]))
+    log(f"  {kind}: a step's host timeline per bucket, us (" + " / ".join(HOST_PARTS) + "): " + "; ".join(
+        f"{label(d)} " + " / ".join(f"{d['host_us'][part]:.0f}" for part in HOST_PARTS) for d in med["buckets"]))
     host = med["prefill_s"] - med["target_forward_s"] - med["draft_forward_s"]
     log(f"  {kind}: prompt forwards: target {med['target_forwards']} ({med['target_tokens']} tokens, "
         f"{med['target_forward_s']:.3f} s), draft head {med['draft_forwards']} ({med['draft_tokens']} tokens, "

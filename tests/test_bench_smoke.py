@@ -46,7 +46,7 @@ def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tm
     """bench_batch's three setups at batch 1 on the never-accepting 8B stand-in: every setup
     prefills the same prompt tokens through the target; only the speculative ones run the head
     over them too; the timed forwards lie within each run's prefill time; the steps split by
-    (bucket, variant) add up to the run's step time."""
+    (bucket, variant) add up to the run's step time, and each one's host timeline to its time."""
     out = tmp_path / "rows.jsonl"
     text = _run("bench_batch.py", "--quick", "--targets", "8b-none", "--batch-sizes", "1", "--new-tokens", "4",
                 "--repeats", "1", "--out", str(out))
@@ -67,5 +67,9 @@ def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tm
         assert abs(sum(d["ms_per_step"] * d["steps"] for d in r["buckets"]) / 1e3 - r["step_s"]) < 1e-6, kind
         assert {d["variant"] for d in r["buckets"]} <= ({"speculative", "plain", "deferred"} if kind == "adaptive"
                                                         else {"speculative"}), kind
+        # each step's host timeline (before launch, launch, beside the device, wait, after) is its time
+        for d in r["buckets"]:
+            assert min(d["host_us"].values()) >= 0 and abs(sum(d["host_us"].values()) / 1e3 - d["ms_per_step"]) < 1e-3, kind
     assert "steps per bucket: 1 " in text
+    assert "a step's host timeline per bucket, us (before_launch / launch / beside_device / wait / after_handoff): 1 " in text
     assert "target prompt forwards by chunks x longest chunk: 1x" in text

@@ -74,3 +74,21 @@ def test_the_command_line_prints_the_split(world, capsys):
     assert code == 0, err
     line = next(l for l in err.splitlines() if l.startswith("specdec: steps:"))
     assert "ms/step" in line and "draft" in line and "verify" in line and "rest" in line
+
+
+def test_each_steps_host_timeline_adds_up_to_its_time_per_bucket(world):
+    """`StepTimes.host_split`: per (bucket, variant), the step's time split into before the
+    launch / the launch / beside the device / the wait / after the hand-off (`HOST_PARTS`),
+    every part >= 0, their sum the bucket's step seconds."""
+    from specdec.step_timing import HOST_PARTS, StepTimes
+
+    dec = SpecDecoder.from_pretrained(world["target"], world["head"], CONFIG.replace(adaptive=True))
+    dec.warmup(progress=False)
+    dec.generate(PROMPTS, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    times = dec.engine.step_times
+    assert set(times.host_split) == set(times.by_bucket) and times.host_split
+    for key, (steps, seconds, _) in times.by_bucket.items():
+        split = times.host_split[key]
+        assert len(split) == len(HOST_PARTS) and min(split) >= 0 and sum(split) == pytest.approx(seconds, abs=1e-6), key
+    with pytest.raises(ValueError, match="host has 2 parts; expected 5"):
+        StepTimes().add(0.1, bucket=1, host=(0.05, 0.05))

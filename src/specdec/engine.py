@@ -719,9 +719,12 @@ class SpecEngine:
         speculative = variant == SPECULATIVE
         if self.host_drafter:
             self._stage_host_drafts(b)
+        t_launch = time.perf_counter()
         self._launch(b, variant)
+        t_launched = time.perf_counter()
         if self.adaptive:  # the last step's acceptance, folded in while the device runs this one
             self.adaptive_rule.fold()
+        t_folded = time.perf_counter()
         # Token hand-off: the one device-to-host copy and the one wait of the step.
         host = self._handoff_host[:b]
         if self._handoff_event is not None:
@@ -731,6 +734,7 @@ class SpecEngine:
         else:
             host.copy_(self.state.handoff[:b])
         rows = host.tolist()
+        t_handoff = time.perf_counter()
         lengths = [row[0] for row in rows]
         emitted_total = 0  # tokens the step produced (before EOS / length cuts)
         observed, observed_lengths = [], []  # the speculative step's requests and accepted lengths
@@ -749,9 +753,12 @@ class SpecEngine:
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
             self._path_len[slot] = self._path_len[slot] + 1 if variant == DEFERRED else a
             self._emit(request, emitted)
-        self.last_step_seconds = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        self.last_step_seconds = t_end - t0
         self.step_times.add(self.last_step_seconds, self._timer.read() if self.phase_timing else None, bucket=b,
-                            variant=variant, tokens=emitted_total)
+                            variant=variant, tokens=emitted_total,
+                            host=(t_launch - t0, t_launched - t_launch, t_folded - t_launched, t_handoff - t_folded,
+                                  t_end - t_handoff))
         if self.adaptive:
             self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds)
             self.adaptive_rule.observe_later(observed, observed_lengths)

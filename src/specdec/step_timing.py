@@ -55,6 +55,13 @@ class PhaseTimer:
         return out
 
 
+# A step's host timeline, in order: the engine's work before the launch (KV reservation, bucket,
+# the adaptive choice), the launch call (a graph replay), work beside the device (the adaptive
+# rule's fold), the wait for the hand-off (the device's remaining time), the work after it
+# (accepted tokens, stops, emitting).
+HOST_PARTS = ("before_launch", "launch", "beside_device", "wait", "after_handoff")
+
+
 @dataclass
 class StepTimes:
     """Totals over an engine's steps. `steps` / `seconds`: every step (host time from the
@@ -71,9 +78,13 @@ class StepTimes:
     # captured graph, so setups can be compared bucket by bucket (a run's tail of small buckets
     # otherwise blurs a per-step comparison)
     by_bucket: dict = field(default_factory=dict)
+    # (batch bucket, variant) -> seconds summed per part of the step's host timeline
+    # (`HOST_PARTS`): whether a step that costs more than another with the same device work
+    # loses it before the launch, in the launch call, waiting for the device, or after the hand-off
+    host_split: dict = field(default_factory=dict)
 
     def add(self, seconds: float, phases: dict[str, float] | None = None, *, bucket: int | None = None,
-            variant: str = SPECULATIVE, tokens: int = 0) -> None:
+            variant: str = SPECULATIVE, tokens: int = 0, host: tuple[float, ...] | None = None) -> None:
         self.steps += 1
         self.seconds += seconds
         if bucket is not None:
@@ -81,6 +92,12 @@ class StepTimes:
             row[0] += 1
             row[1] += seconds
             row[2] += tokens
+            if host is not None:
+                if len(host) != len(HOST_PARTS):
+                    raise ValueError(f"host has {len(host)} parts; expected {len(HOST_PARTS)} {HOST_PARTS}")
+                split = self.host_split.setdefault((bucket, variant), [0.0] * len(HOST_PARTS))
+                for i, part in enumerate(host):
+                    split[i] += part
         if phases is not None:
             draft, verify = phases.get("draft", 0.0), phases.get("verify", 0.0)
             self.split_steps += 1
