@@ -37,7 +37,8 @@ def test_a_prefill_wave_syncs_once_per_group(tmp_path, drafter, temperature):
     target = specdec.load_target(tmp_path / "t", device="cuda")
     cfg = dict(drafter="none") if drafter == "none" else dict(drafter="eagle3", max_draft_len=3)
     dec = SpecDecoder.from_pretrained(target, None if drafter == "none" else tmp_path / "h",
-                                      SpecConfig(max_batch_size=4, max_seq_len=128, kv_block_size=16, **cfg))
+                                      SpecConfig(max_batch_size=4, max_seq_len=128, kv_block_size=16,
+                                                 compile=False, **cfg))  # graphs, no Inductor: quick
     dec.warmup(progress=False)
     engine = dec.engine
     groups = []
