@@ -164,3 +164,39 @@ def test_the_drafter_ingests_a_group_as_it_ingests_each_chunk(world, drafter):
     torch.testing.assert_close(g.ctx_hidden[:3], s.ctx_hidden[:3], rtol=1e-3, atol=2e-4)
     torch.testing.assert_close(g.root_logits[:3], s.root_logits[:3], rtol=1e-3, atol=2e-4)
     assert g.live[:3].tolist() == [True, True, True]
+
+
+def _iteration_log(engine):
+    """(running, prefilling, prefill forwards) after each run_iteration of `engine`."""
+    log, forwards = [], [0]
+    inner = engine.runner.prefill_many
+
+    def counted(*args, **kwargs):
+        forwards[0] += 1
+        return inner(*args, **kwargs)
+
+    engine.runner.prefill_many = counted
+    while engine.has_work():
+        forwards[0] = 0
+        engine.run_iteration()
+        log.append((len(engine.running()), len(engine._prefilling()), forwards[0]))
+    return log
+
+
+@pytest.mark.parametrize("drafter", ["none", "eagle3"])
+def test_prefill_goes_on_while_fewer_requests_run_than_wait_then_one_forward_per_step(world, drafter):
+    """Prompts of 13 tokens, one per forward (2 x 13 > 24): a batch of 8 fresh requests
+    prefills until as many run as wait (4 and 4) before its first step, not one forward per
+    step with 1, 2, 3 ... running; from then on one forward per iteration, so running
+    requests wait at most one chunk. Greedy output is what it was."""
+    prompts = [[5 + i] + list(range(20, 32)) for i in range(8)]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    dec, _ = _decoder(world, drafter, grouped=True, max_batch_size=8)
+    engine = dec.engine
+    for p in prompts:
+        engine.submit(p, params)
+    log = _iteration_log(engine)
+    assert log[0] == (4, 4, 4)
+    assert all(forwards <= 1 for _, _, forwards in log[1:]), log
+    alone, _ = _decoder(world, drafter, grouped=False, max_batch_size=8)
+    assert [r.token_ids for r in dec.generate(prompts, params)] == [r.token_ids for r in alone.generate(prompts, params)]
