@@ -26,7 +26,7 @@ def test_to_device_keeps_values_shape_and_dtype(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs are a CUDA matter")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA stream synchronizations: needs a CUDA device (runs in scripts/gpu_check.sh)")
 @pytest.mark.parametrize("drafter, temperature", [("none", 0.0), ("eagle3", 0.7)])
 def test_a_prefill_wave_syncs_once_per_group(tmp_path, drafter, temperature):
     """Four prompts admitted together: their target (and draft head) prefill, first tokens and

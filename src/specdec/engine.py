@@ -362,17 +362,16 @@ class SpecEngine:
         at a fraction of their width; a speculative decoder, which finishes requests in fewer
         steps, spent most of its steps that way (SmolLM2 on the H200, batch 64: ~31 of 64
         slots running per bucket-64 step of the EAGLE-3 chain, ~53 for target-only)."""
-        while True:
-            prefilling = self._prefilling()
-            if not prefilling:
-                return
+        prefilling = self._prefilling()
+        while prefilling:
             group = self._prefill_group(prefilling)
             if len(group) > 1:
                 self._prefill_together(group)
             else:
                 self._prefill_step(group[0])
+            prefilling = self._prefilling()
             running = len(self.running())
-            if running and running >= len(self._prefilling()):
+            if running and running >= len(prefilling):
                 return
 
     def _prefilling(self) -> list[RequestState]:
