@@ -232,3 +232,30 @@ def test_bench_engine_host_times_iterations_with_the_step_stubbed(tmp_path):
     assert host_us_per_iteration(target, batch=2, iterations=3, repeats=2) > 0
     with pytest.raises(ValueError, match="iterations x repeats = 400"):
         host_us_per_iteration(target, batch=1, iterations=200, repeats=2)
+
+
+@pytest.mark.parametrize("accept_all", [True, False])
+def test_forced_verifier_bonus_is_the_argmax_at_the_last_accepted_node(accept_all):
+    """bench_batch's planted verifier (8b-all / 8b-none): accept the whole chain or nothing,
+    then the target's argmax at the last accepted node as the bonus, drawn through the
+    library's greedy verify on a root-only tree; chains of different lengths in one batch."""
+    import torch
+    from bench_batch import ForcedVerifier
+
+    from specdec.ops import build_tree
+
+    B, N, V = 3, 5, 50
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    num_nodes = torch.tensor([5, 3, 1])
+    parents = torch.where(torch.arange(N)[None] < num_nodes[:, None], torch.arange(N)[None] - 1, -1)
+    tree = build_tree(parents, num_nodes)
+    logits = torch.randn(B, N, V, generator=gen)
+    acc = ForcedVerifier(accept_all)(tokens, tree, logits)
+    length = num_nodes - 1 if accept_all else torch.zeros(B, dtype=torch.int64)
+    assert acc.accept_length.tolist() == length.tolist()
+    for b in range(B):
+        a = int(length[b])
+        assert acc.accept_nodes[b].tolist() == list(range(a + 1)) + [-1] * (N - a - 1)
+        bonus = int(logits[b, a].argmax())
+        assert acc.accept_tokens[b].tolist() == tokens[b, 1 : a + 1].tolist() + [bonus] + [-1] * (N - a - 1)
