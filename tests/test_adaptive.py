@@ -212,6 +212,38 @@ def test_a_plain_step_runs_no_draft_forward_and_verifies_the_root_alone(targets,
             assert calls == [True], steps  # the ingest alone
 
 
+def test_root_only_trees_are_built_once_not_per_step(targets):
+    """Target-only steps (N = 1) and plain steps (ingesting and deferred) verify the root-only
+    tree built when the step was made: no tree is built per step (that was one launch per
+    step), only the speculative steps' trees are, and the tree built once is what the builder
+    gives for the root alone, at every bucket's rows."""
+    from specdec.ops import build_tree
+
+    ref = _run(SpecDecoder(targets["llama"], SpecConfig(**BASE, drafter="none")), n=12)
+    plain = SpecDecoder(targets["llama"], SpecConfig(**BASE, drafter="none"))
+    adaptive = SpecDecoder.from_pretrained(targets["llama"], targets["head"],
+                                           SpecConfig(**BASE, drafter="eagle3", max_draft_len=3, adaptive=True))
+    for dec, pattern in ((plain, None), (adaptive, "PPSPPPPPSP")):
+        builds, s = [], dec.engine.strategies
+        inner = s.build_tree
+
+        def counted(parents, num_nodes, *args, inner=inner, builds=builds, **kw):
+            builds.append(parents.shape[1])
+            return inner(parents, num_nodes, *args, **kw)
+
+        object.__setattr__(s, "build_tree", counted)  # the resolved strategies are frozen
+        if pattern is not None:
+            _forced(dec, pattern)
+        assert _run(dec, n=12) == ref
+        speculative = 0 if pattern is None else pattern.count("S")
+        assert builds == [4] * speculative, builds  # chain D=3: 4 nodes; nothing built for a root-only step
+        B = BASE["max_batch_size"]
+        want = build_tree(torch.full((B, 1), -1), torch.ones(B, dtype=torch.int64))
+        got = dec.engine.state.tree1
+        for name in ("packed_mask", "positions", "next_token", "next_sibling", "retrieve_index"):
+            assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), name
+
+
 @pytest.mark.parametrize("verifier, cfg", [("target-only", dict(max_draft_len=3)),
                                            ("speculative", dict(tree="dynamic", topk=2, max_draft_len=3))])
 def test_sampled_plain_steps_draw_what_target_only_decoding_draws(targets, verifier, cfg):

@@ -44,7 +44,8 @@ class StepState:
     draft_budget:  [B] int64 draft tokens each request verifies per step (`num_draft_tokens`);
                    the tree is cut to its first 1 + budget nodes (a prefix of a topological
                    order is a tree), 0 = the root only, i.e. plain decoding for that request
-    tree:          [B, N] tree metadata buffers (`build_tree(out=...)`); tree1: [B, 1] ones for plain steps
+    tree:          [B, N] tree metadata buffers (`build_tree(out=...)`); tree1: [B, 1] the root-only
+                   tree, built once by `DeviceStep` (plain steps, and every step when N = 1)
     handoff:       [B, N + 1] int64, what the host reads after a step: accept_length, then
                    the emitted tokens
     """
@@ -216,6 +217,11 @@ class DeviceStep:
         self._root_path = torch.full((B, N), -1, **i64)  # [max_B, N]
         self._root_path[:, 0] = 0
         self._zero = torch.zeros(B, **i64)  # [max_B]
+        # A root-only tree's metadata is the same every step (and in every bucket: a bucket's
+        # rows are a prefix, and node b's flat row is b): built once here, not by a launch per
+        # step. It serves the plain step, and every step when the drafter proposes nothing (N = 1:
+        # target-only).
+        strategies.build_tree(self._root_parents, self._one_node, out=state.tree1)
 
     @staticmethod
     def _mark(timer, phase: str) -> None:
@@ -253,7 +259,8 @@ class DeviceStep:
             )
             tokens, parents, num_nodes, draft_probs = draft.tokens, draft.parents, draft.num_nodes, draft.draft_probs
         num_nodes, live_nodes = self.sizes(num_nodes, state.draft_budget, active)  # [B] budgets applied; idle: 0 rows
-        tree = s.build_tree(parents, num_nodes, out=state.tree)
+        # N = 1 (static): the root alone, whose tree was built once (`__init__`)
+        tree = state.tree1 if state.num_nodes == 1 else s.build_tree(parents, num_nodes, out=state.tree)
         self._mark(timer, "draft")
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, live_nodes, kv_len)  # [B, N, V]
         self._mark(timer, "verify")
@@ -288,7 +295,7 @@ class DeviceStep:
                 )
             )
         tokens = state.root_tokens[:, None]  # [B, 1]
-        tree = s.build_tree(self._root_parents[:B], self._one_node[:B], out=state.tree1)
+        tree = state.tree1  # the root-only tree, built once (`__init__`)
         self._mark(timer, "draft")
         logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len)
         self._mark(timer, "verify")
