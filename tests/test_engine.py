@@ -151,7 +151,7 @@ def test_one_step_runs_the_hooks_in_pipeline_order():
     table = random_table(0)
     config = SpecConfig(drafter="test-chain", max_draft_len=3, max_batch_size=2)
     engine, runner = make_engine(table, ChainDrafter(3, lambda t: (t + 1) % V, log), config, log)
-    assert log == ["resolve:capture"]
+    assert log == ["resolve:capture", "build_tree"]  # the root-only tree, built once with the step
     engine.add_request([1, 2], SamplingParams(max_new_tokens=8, ignore_eos=True))
     runner.calls = log  # the target forward is logged into the same list
     log.clear()
