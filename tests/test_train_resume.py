@@ -176,7 +176,7 @@ def test_a_small_family_repeats_as_variants_before_source_files_take_its_share()
     assert len({(mix.normalize(p.text), p.variant) for p in got}) == len(got)
     assert {p.text for p in got[pool:]} <= {p.text for p in got[:pool]}
     assert len(mix.family_prompts("header", "train", 2 * pool, variants=1)) == pool
-    with pytest.raises(ValueError, match="variants=0 must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"variants=0 is out of range; allowed: >= 1 \(1: every prompt once"):
         mix.family_prompts("header", "train", 3, variants=0)
 
     cfg = mix.MixConfig(source=1.0, instruct=0, math=0, header=1.0, self_instruct=0, multi_turn=0, max_variants=2)

@@ -12,22 +12,13 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from .checks import check_int
+from .errors import ConfigError
+
 __all__ = ["ConfigError", "SpecConfig", "SamplingParams", "resolve_capture_layers"]
 
 
-class ConfigError(ValueError):
-    """A configuration value is outside its allowed range."""
-
-
 MAX_TREE_SLOTS = 4096  # N = max_total_draft_tokens + 1 <= this
-
-
-def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < lo or (hi is not None and value > hi):
-        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{name}={value} is out of range; allowed: {rng}")
 
 
 def _check_number(name: str, value) -> float:
@@ -82,12 +73,12 @@ class SpecConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a non-empty strategy name, got {value!r}")
-        _check_int("max_draft_len", self.max_draft_len, 1, 64)
-        _check_int("max_batch_size", self.max_batch_size, 1, 4096)
-        _check_int("max_seq_len", self.max_seq_len, 2, 1 << 20)
-        _check_int("kv_block_size", self.kv_block_size, 1, 4096)
+        check_int("max_draft_len", self.max_draft_len, 1, 64)
+        check_int("max_batch_size", self.max_batch_size, 1, 4096)
+        check_int("max_seq_len", self.max_seq_len, 2, 1 << 20)
+        check_int("kv_block_size", self.kv_block_size, 1, 4096)
         if self.num_kv_blocks is not None:
-            _check_int("num_kv_blocks", self.num_kv_blocks, 1)
+            check_int("num_kv_blocks", self.num_kv_blocks, 1)
         for name, words in (("compile", ("auto", "step")), ("cuda_graphs", ("auto",))):
             value = getattr(self, name)
             if not (isinstance(value, bool) or (isinstance(value, str) and value in words)):
@@ -98,12 +89,12 @@ class SpecConfig:
                 f"plugin_options must be a dict keyed by plugin name, got {self.plugin_options!r} "
                 f"({type(self.plugin_options).__name__})"
             )
-        _check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
-        _check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
+        check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
+        check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
         if self.threads != "auto":
             if isinstance(self.threads, str):
                 raise ConfigError(f"threads={self.threads!r} is not allowed; allowed: 'auto' or an int in [1, 1024]")
-            _check_int("threads", self.threads, 1, 1024)
+            check_int("threads", self.threads, 1, 1024)
         if not isinstance(self.adaptive, bool):
             raise ConfigError(f"adaptive must be True or False, got {self.adaptive!r} ({type(self.adaptive).__name__})")
         if self.graph_batch_sizes is not None:
@@ -113,7 +104,7 @@ class SpecConfig:
                     f"graph_batch_sizes={self.graph_batch_sizes!r} must be a non-empty tuple of ints or None"
                 )
             for b in sizes:
-                _check_int("graph_batch_sizes entries", b, 1, self.max_batch_size)
+                check_int("graph_batch_sizes entries", b, 1, self.max_batch_size)
             sizes = tuple(sorted(set(sizes)))
             if sizes[-1] != self.max_batch_size:
                 raise ConfigError(
@@ -125,10 +116,10 @@ class SpecConfig:
         # Which tree names exist, and which of topk / max_total_draft_tokens a tree takes, is the
         # tree policy's to say (plugins add policies): `specdec.registry.resolve` checks both.
         if self.topk is not None:
-            _check_int("topk", self.topk, 1, 64)
+            check_int("topk", self.topk, 1, 64)
         if self.max_total_draft_tokens is None:
             object.__setattr__(self, "max_total_draft_tokens", self.max_draft_len * (self.topk or 1))
-        _check_int("max_total_draft_tokens", self.max_total_draft_tokens, 1, MAX_TREE_SLOTS - 1)
+        check_int("max_total_draft_tokens", self.max_total_draft_tokens, 1, MAX_TREE_SLOTS - 1)
 
         if self.layers_to_capture is not None:
             layers = _int_tuple("layers_to_capture", self.layers_to_capture)
@@ -184,7 +175,7 @@ def resolve_capture_layers(num_layers: int, layers: tuple[int, ...] | None) -> t
     three layers are distinct. Explicit layers are validated against `[0, L)`; they were
     sorted and de-duplicated by `SpecConfig`.
     """
-    _check_int("num_layers", num_layers, 1)
+    check_int("num_layers", num_layers, 1)
     if layers is None:
         if num_layers <= 5:
             raise ConfigError(
@@ -234,7 +225,7 @@ class SamplingParams:
         t_float = _check_number("temperature", t)
         if not math.isfinite(t_float) or t_float < 0:
             raise ConfigError(f"temperature={t!r} is out of range; allowed: finite and >= 0 (0 = greedy)")
-        _check_int("top_k", self.top_k, 0)
+        check_int("top_k", self.top_k, 0)
         p = self.top_p
         if not (0.0 < _check_number("top_p", p) <= 1.0):  # NaN fails too
             raise ConfigError(f"top_p={p!r} is out of range; allowed: (0, 1]")
@@ -244,10 +235,10 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p"):
             object.__setattr__(self, name, float(getattr(self, name)))
         if self.seed is not None:
-            _check_int("seed", self.seed, 0, 2**63 - 1)
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
+            check_int("seed", self.seed, 0, 2**63 - 1)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
         if self.num_draft_tokens is not None:
-            _check_int("num_draft_tokens", self.num_draft_tokens, 0)
+            check_int("num_draft_tokens", self.num_draft_tokens, 0)
         stops = self.stop_token_ids
         if isinstance(stops, int) and not isinstance(stops, bool):
             stops = (stops,)  # one bare token id

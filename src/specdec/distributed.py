@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 
 __all__ = ["SINGLE", "TPGroup", "all_gather_last", "all_reduce", "check_spmd", "check_tp_size", "tensor_parallel_group"]
 

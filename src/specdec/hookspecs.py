@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
+from .strategies import Drafter, KVRelocator, TargetInfo, TreeBuilder, TreePolicy, Verifier, VerifierCaps
+
 if TYPE_CHECKING:
     from .config import SpecConfig
-    from .registry import VerifierCaps
-    from .strategies import Drafter, KVRelocator, TargetInfo, TreeBuilder, TreePolicy, Verifier
 
 PROJECT = "specdec"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -5,7 +5,8 @@ the entry-point group `specdec`. `resolve(config, target, pm)` asks each hook on
 returns a `Strategies` record; the engine then runs those objects with no pluggy call in
 the step. Unknown strategy names fail here with the list of names that exist. This is the
 only module that reads a strategy's capabilities off the object (`drafter_caps`,
-`verifier_caps`, `policy_caps`: required, typed, checked once).
+`verifier_caps`, `policy_caps`: required, typed, checked once); the records they fill live
+beside the protocols in `specdec.strategies` and are re-exported here.
 
 `declared_strategy_table()` / `declared_strategy_names()` list the same names without importing
 the built-in plugin modules (torch): the built-ins' names come from
@@ -24,7 +25,18 @@ import pluggy
 from . import hookspecs
 from .config import ConfigError, SpecConfig, resolve_capture_layers
 from .plugins import BUILTIN_PLUGINS, BUILTIN_STRATEGY_NAMES
-from .strategies import READS, Drafter, KVRelocator, TargetInfo, TreeBuilder, TreePolicy, Verifier
+from .strategies import (
+    READS,
+    Drafter,
+    DrafterCaps,
+    KVRelocator,
+    PolicyCaps,
+    TargetInfo,
+    TreeBuilder,
+    TreePolicy,
+    Verifier,
+    VerifierCaps,
+)
 
 __all__ = [
     "get_plugin_manager",
@@ -132,55 +144,6 @@ def _check_name(kind: str, name: str, names: dict[str, list[str]]) -> None:
     available = names.get(kind, [])
     if name not in available:
         raise UnknownStrategyError(f"{kind}={name!r} is not provided by any plugin; available: {sorted(available)}")
-
-
-@dataclass(frozen=True)
-class DrafterCaps:
-    """A drafter's capabilities, read once at resolve time (the engine never probes the object).
-
-    reads:        "captured" (target layer outputs), "last_hidden" (the target's final-normed
-                  state) or "nothing".
-    runs_on_host: drafts between steps from the token hand-off (`propose_host`), outside
-                  the captured step.
-    samples_drafts: the drafts are sampled and come with `draft_probs`.
-    kv_lookahead: positions past committed_len the drafter writes in its own KV.
-    modules:      the drafter's torch modules (compiled with the target's when compile is on).
-    attach:       `attach(cache)` puts the drafter's KV on the target cache's allocator, or None.
-    use_compiled: `use_compiled(on)` switches the drafter's own tensor glue to compiled pieces, or None.
-    """
-
-    reads: str
-    runs_on_host: bool
-    samples_drafts: bool
-    kv_lookahead: int
-    modules: tuple = ()
-    attach: object = None
-    use_compiled: object = None
-
-
-@dataclass(frozen=True)
-class VerifierCaps:
-    """A verifier's capabilities, read once at resolve time."""
-
-    lossless: bool
-    needs_draft_probs: bool
-    greedy_only: bool
-
-
-@dataclass(frozen=True)
-class PolicyCaps:
-    """A tree policy's capabilities and static shape, read once at resolve time."""
-
-    samples: bool
-    depth: int
-    widths: tuple[int, ...]
-    children: tuple[int, ...]
-    num_nodes: int
-
-    @property
-    def chain(self) -> bool:
-        """One draft per depth (every width and candidate count is 1): the trees are chains."""
-        return max(self.widths) == 1 and max(self.children) == 1
 
 
 def _required(obj, what: str, name: str, kind, doc: str, hint: str = ""):

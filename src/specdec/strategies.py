@@ -3,7 +3,9 @@
 The engine talks to strategies only through these attributes and call signatures. Their
 capabilities (`Drafter.reads`, `Verifier.needs_draft_probs`, `TreePolicy.samples`, ...) are
 *required* attributes: `specdec.registry.resolve` reads and type-checks them once, into
-`DrafterCaps` / `VerifierCaps` / `PolicyCaps`, and nothing else ever probes a strategy.
+`DrafterCaps` / `VerifierCaps` / `PolicyCaps` (defined here, beside the protocols, so the
+hook specs can name them without importing the registry), and nothing else ever probes a
+strategy.
 
 torch appears in annotations only (postponed), so importing this module imports no torch.
 """
@@ -19,7 +21,8 @@ if TYPE_CHECKING:
 
     from .types import Acceptance, Candidates, DraftTree, Frontier, GrownTree, SamplingTensors, TreeMeta
 
-__all__ = ["TargetInfo", "Drafter", "TreeBuilder", "Verifier", "KVRelocator", "DraftInput", "TreePolicy", "Expand", "READS"]
+__all__ = ["TargetInfo", "Drafter", "TreeBuilder", "Verifier", "KVRelocator", "DraftInput", "TreePolicy", "Expand", "READS",
+           "DrafterCaps", "VerifierCaps", "PolicyCaps"]
 
 READS = ("captured", "last_hidden", "nothing")  # what a drafter may read of the target
 
@@ -208,3 +211,53 @@ class KVRelocator(Protocol):
         accept_nodes: torch.Tensor,  # [B, N] int64
         accept_length: torch.Tensor,  # [B] int64
     ) -> None: ...
+
+
+# ------------------------------------------------------------------ capabilities, as resolved
+@dataclass(frozen=True)
+class DrafterCaps:
+    """A drafter's capabilities, read once at resolve time (the engine never probes the object).
+
+    reads:        "captured" (target layer outputs), "last_hidden" (the target's final-normed
+                  state) or "nothing".
+    runs_on_host: drafts between steps from the token hand-off (`propose_host`), outside
+                  the captured step.
+    samples_drafts: the drafts are sampled and come with `draft_probs`.
+    kv_lookahead: positions past committed_len the drafter writes in its own KV.
+    modules:      the drafter's torch modules (compiled with the target's when compile is on).
+    attach:       `attach(cache)` puts the drafter's KV on the target cache's allocator, or None.
+    use_compiled: `use_compiled(on)` switches the drafter's own tensor glue to compiled pieces, or None.
+    """
+
+    reads: str
+    runs_on_host: bool
+    samples_drafts: bool
+    kv_lookahead: int
+    modules: tuple = ()
+    attach: object = None
+    use_compiled: object = None
+
+
+@dataclass(frozen=True)
+class VerifierCaps:
+    """A verifier's capabilities, read once at resolve time."""
+
+    lossless: bool
+    needs_draft_probs: bool
+    greedy_only: bool
+
+
+@dataclass(frozen=True)
+class PolicyCaps:
+    """A tree policy's capabilities and static shape, read once at resolve time."""
+
+    samples: bool
+    depth: int
+    widths: tuple[int, ...]
+    children: tuple[int, ...]
+    num_nodes: int
+
+    @property
+    def chain(self) -> bool:
+        """One draft per depth (every width and candidate count is 1): the trees are chains."""
+        return max(self.widths) == 1 and max(self.children) == 1

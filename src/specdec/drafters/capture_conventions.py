@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from specdec.config import ConfigError
+from specdec.errors import ConfigError
 
 __all__ = [
     "CONVENTIONS",

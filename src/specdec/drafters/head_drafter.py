@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import torch
 
+from specdec.checks import check_slot
 from specdec.compile_scope import compile_private
 from specdec.drafters.draft_layers import take_rows
 from specdec.config import ConfigError, SpecConfig
@@ -336,8 +337,7 @@ class HeadDrafter:
 
     # ------------------------------------------------------------------ host side
     def _check_slot(self, slot: int) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.batch_size:
-            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.batch_size})")
+        check_slot(slot, self.batch_size)
 
     @torch.no_grad()
     def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None, start: int = 0) -> None:

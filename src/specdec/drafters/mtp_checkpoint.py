@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import save_file
 
-from specdec.config import ConfigError
+from specdec.errors import ConfigError
 from specdec.models.config import RopeConfig, _rope_from_hf
 from specdec.models.weight_files import open_safetensors, read_json
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.checks import check_int, check_slot
 from specdec.config import ConfigError, SpecConfig
 from specdec.policies.shapes import builtin
 from specdec.strategies import DraftInput
@@ -39,14 +40,6 @@ __all__ = ["NgramOptions", "NgramIndex", "NgramDrafter", "MAX_OCCURRENCES"]
 
 MAX_OCCURRENCES = 64
 MAX_MATCH_LIMIT = 64
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"plugin_options['ngram']['{name}'] must be an int, got {value!r} ({type(value).__name__})")
-    if not lo <= value <= hi:
-        raise ConfigError(f"plugin_options['ngram']['{name}']={value} is out of range; allowed: [{lo}, {hi}]")
-    return value
 
 
 @dataclass(frozen=True)
@@ -74,8 +67,8 @@ class NgramOptions:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigError(f"plugin_options['ngram'] has unknown keys {unknown}; allowed: {sorted(known)}")
-        max_match = _check_int("max_match", options.get("max_match", 3), 1, MAX_MATCH_LIMIT)
-        min_match = _check_int("min_match", options.get("min_match", 1), 1, max_match)
+        max_match = check_int("plugin_options['ngram']['max_match']", options.get("max_match", 3), 1, MAX_MATCH_LIMIT)
+        min_match = check_int("plugin_options['ngram']['min_match']", options.get("min_match", 1), 1, max_match)
         return NgramOptions(min_match, max_match)
 
 
@@ -152,8 +145,7 @@ class NgramDrafter:
         self.slots: list[NgramIndex | None] = [None] * config.max_batch_size
 
     def _check_slot(self, slot: int) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.batch_size:
-            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.batch_size})")
+        check_slot(slot, self.batch_size)
 
     def prefill(self, slot: int, next_tokens: torch.Tensor, hidden: torch.Tensor | None = None, start: int = 0) -> None:
         """Grow `slot`'s history with a prompt chunk (shifted by one; the last chunk ends with the

@@ -26,12 +26,14 @@ from specdec.kernels.kv_write import kv_write_torch
 
 from .launch import wrap_triton
 
-__all__ = ["rope_kv_write_torch", "rope_kv_write_triton"]
+__all__ = ["rope_kv_write_torch", "rope_kv_write_triton", "rotate_half"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """cat(-x[hd/2:], x[:hd/2]) over the last dim, HF Llama's RoPE convention; the one copy,
+    here because kernels never import models (`specdec.models` imports it from here)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -54,8 +56,8 @@ def rope_kv_write_torch(
     c, s = cos[:, None, :], sin[:, None, :]  # [R, 1, hd]
     q3 = q.reshape(R, H, hd)
     k3 = k.reshape(R, -1, hd)
-    q_out.copy_(q3 * c + _rotate_half(q3) * s)
-    kv_write_torch(storage, k_offset, v_offset, sink_row, (k3 * c + _rotate_half(k3) * s).reshape(R, -1), v, index)
+    q_out.copy_(q3 * c + rotate_half(q3) * s)
+    kv_write_torch(storage, k_offset, v_offset, sink_row, (k3 * c + rotate_half(k3) * s).reshape(R, -1), v, index)
 
 
 @triton.jit

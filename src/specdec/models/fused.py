@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.compile_scope import compile_private
+from specdec.kernels.rope_kv_write import rotate_half
 
 __all__ = ["EAGER", "Pieces", "compiled", "use_compiled", "rms_norm", "add_rms_norm", "norm_cat", "rotary_qk",
            "rotary_cos_sin", "silu_mul"]
@@ -49,14 +50,9 @@ def norm_cat(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b:
     return torch.cat([rms_norm(a, weight_a, eps_a), nb], dim=-1), nb
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """RoPE on queries [B, T, H, hd] and keys [B, T, Hkv, hd]; cos, sin: [B, T, 1, hd]."""
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
 def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):

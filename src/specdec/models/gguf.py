@@ -60,7 +60,7 @@ def convert_gguf(path, *, root: Path | None = None) -> Path:
     if (out / "config.json").is_file():
         return out
     if importlib.util.find_spec("gguf") is None:  # transformers' GGUF reader needs it
-        from specdec.config import ConfigError
+        from specdec.errors import ConfigError
 
         raise ConfigError(f"reading {path.name} needs the gguf package (a specdec dependency): pip install 'gguf>=0.10'")
     out.parent.mkdir(parents=True, exist_ok=True)

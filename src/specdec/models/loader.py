@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError
-from ..strategies import TargetInfo
 from ..distributed import SINGLE, TPGroup
+from ..errors import ConfigError
+from ..strategies import TargetInfo
 from .config import ModelConfig
 from .llama import DecoderLM
 from .parallel import ShardLayout

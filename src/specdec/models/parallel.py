@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError
 from ..distributed import TPGroup
+from ..errors import ConfigError
 from .config import ModelConfig
 
 __all__ = ["RowParallelLinear", "ShardLayout", "VocabParallelEmbedding", "VocabParallelHead", "allowed_tp_sizes"]

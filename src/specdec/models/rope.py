@@ -1,9 +1,11 @@
 """Rotary position embeddings: inverse frequencies per RoPE type, and applying them.
 
 Owns the frequency formulas (default, linear, Llama-3.1 `llama3`, YaRN), written to give
-the same float32 values as transformers' `ROPE_INIT_FUNCTIONS`, and the half-rotation
-convention HF checkpoints use (`rotate_half`). The frequencies depend only on the config,
-so the forward is shape-static: cos/sin come from `positions * inv_freq` each step.
+the same float32 values as transformers' `ROPE_INIT_FUNCTIONS`, and applying them with the
+half-rotation convention HF checkpoints use (`rotate_half`, defined once in
+`specdec.kernels.rope_kv_write`, which the fused kernel's reference shares). The frequencies
+depend only on the config, so the forward is shape-static: cos/sin come from
+`positions * inv_freq` each step.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 import torch
 from torch import nn
 
+from ..kernels.rope_kv_write import rotate_half
 from . import fused
 from .config import RopeConfig
 
@@ -112,11 +115,6 @@ class Rotary(nn.Module):
         return self.fused.rotary_cos_sin(positions, self.inv_freq, self.attention_scaling, dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, T, H, hd]; cos, sin: [B, T, 1, hd] -> [B, T, H, hd]."""
-    return x * cos + _rotate_half(x) * sin
+    return x * cos + rotate_half(x) * sin

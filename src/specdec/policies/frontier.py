@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..types import Candidates, Frontier, GrownTree
 from .candidates import clean_logq
 

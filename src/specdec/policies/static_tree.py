@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["EAGLE1_DEFAULT", "StaticTree", "check_choices", "static_tree", "read_choices", "MAX_CHILD_INDEX"]
 

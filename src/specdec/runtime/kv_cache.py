@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.checks import check_int, check_slot
 from specdec.compile_scope import compile_private
 from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
 from specdec.kernels.rope_kv_write import rope_kv_write_triton
@@ -34,12 +35,6 @@ __all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "new_rows", "token_
 
 class KVCacheError(RuntimeError):
     """A request does not fit: past `max_seq_len`, or the block pool is exhausted."""
-
-
-def _check_int(name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
-    return value
 
 
 def token_rows(block_tables, slots, positions, valid, block_size: int) -> torch.Tensor:
@@ -103,9 +98,7 @@ class BlockAllocator:
         return len(self._free_blocks)
 
     def _check_slot(self, slot: int) -> int:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_batch_size:
-            raise ValueError(f"slot={slot!r} is out of range; allowed: [0, {self.max_batch_size})")
-        return slot
+        return check_slot(slot, self.max_batch_size)
 
     def capacity(self, slot: int) -> int:
         """Logical positions of `slot` currently backed by blocks."""
@@ -124,8 +117,7 @@ class BlockAllocator:
         few free blocks; then nothing is allocated.
         """
         self._check_slot(slot)
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        check_int("num_tokens", num_tokens, 0, error=ValueError)
         if num_tokens > self.max_seq_len:
             raise KVCacheError(
                 f"slot {slot} needs {num_tokens} positions, more than max_seq_len={self.max_seq_len}"
@@ -205,7 +197,7 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         allocator: "BlockAllocator | None" = None,
     ) -> None:
-        self.num_layers = _check_int("num_layers", num_layers, 1)
+        self.num_layers = check_int("num_layers", num_layers, 1, error=ValueError)
         if isinstance(num_kv_heads, int):
             heads = (num_kv_heads,) * num_layers
         else:
@@ -213,16 +205,16 @@ class PagedKVCache:
             if len(heads) != num_layers:
                 raise ValueError(f"num_kv_heads has {len(heads)} entries; need one per layer ({num_layers})")
         for h in heads:
-            _check_int("num_kv_heads", h, 1)
+            check_int("num_kv_heads", h, 1, error=ValueError)
         self.num_kv_heads: tuple[int, ...] = heads
-        self.head_dim = _check_int("head_dim", head_dim, 1)
-        self.max_batch_size = _check_int("max_batch_size", max_batch_size, 1)
-        self.max_seq_len = _check_int("max_seq_len", max_seq_len, 1)
-        self.block_size = _check_int("block_size", block_size, 1)
+        self.head_dim = check_int("head_dim", head_dim, 1, error=ValueError)
+        self.max_batch_size = check_int("max_batch_size", max_batch_size, 1, error=ValueError)
+        self.max_seq_len = check_int("max_seq_len", max_seq_len, 1, error=ValueError)
+        self.block_size = check_int("block_size", block_size, 1, error=ValueError)
         self.blocks_per_seq = -(-max_seq_len // block_size)
         if num_blocks is None:
             num_blocks = max_batch_size * self.blocks_per_seq
-        self.num_blocks = _check_int("num_blocks", num_blocks, 1)
+        self.num_blocks = check_int("num_blocks", num_blocks, 1, error=ValueError)
         self.device = torch.device(device)
         self.dtype = dtype
         # read once here, on the host, so kernels can size their grids inside a compiled step

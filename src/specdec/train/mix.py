@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from ..checks import check_int
 from .prompts import ROOTS, Prompt, sample_prompts
 
 __all__ = [
@@ -332,18 +333,13 @@ def family_prompts(family: str, split: str, n: int, seed: int = 0, variants: int
     """
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is unknown; allowed: {list(FAMILIES)}")
-    _check_int("n", n, 0)
-    _check_int("variants", variants, 1, " (1: every prompt once, greedy)")
+    check_int("n", n, 0, error=ValueError)
+    check_int("variants", variants, 1, error=ValueError, note=" (1: every prompt once, greedy)")
     if family == "math":
         return math_prompts(split, n, seed)
     pool = dedup(instruct_prompts(split) if family == "instruct" else header_prompts(split))
     random.Random(f"specdec-mix-{family}:{seed}:{split}").shuffle(pool)
     return [replace(p, variant=v) for v in range(variants) for p in pool][:n]
-
-
-def _check_int(name: str, value, lo: int, note: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}={value!r} must be an int >= {lo}{note}")
 
 
 # --------------------------------------------------------------------------- the training mix
@@ -404,7 +400,7 @@ def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig
     evaluation set, normalized) never come back.
     """
     _check_split(split)
-    _check_int("n", n, 0)
+    check_int("n", n, 0, error=ValueError)
     counts = _counts(n, config.shares())
     out: list[Prompt] = []
     for family in FAMILIES:
