@@ -19,7 +19,7 @@ import torch
 from specdec.config import SpecConfig
 from specdec.drafters.eagle3_drafter import Eagle3Drafter
 from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model, init_random_
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 
 
 def head(small: bool) -> Eagle3Model:
@@ -58,12 +58,12 @@ def bench(model, embed, config: SpecConfig, device, *, samples: bool, prompt: in
     prefill_ms = (time.perf_counter() - t0) * 1e3 / B
     committed = torch.full((B,), prompt, device=device)
     a = torch.full((B,), 2, device=device)
-    inputs = DraftInput(
+    inputs = StepState.for_drafting(
         root_tokens=rand_tokens(B), committed_len=committed, accept_length=torch.full((B,), -1, device=device),
-        accept_tokens=rand_tokens(B, N), hidden=None, active=torch.ones(B, dtype=torch.bool, device=device),
+        accept_tokens=rand_tokens(B, N), active=torch.ones(B, dtype=torch.bool, device=device), drafter=d,
     )
     d.propose(inputs)  # warm-up
-    inputs.hidden = torch.randn(B, N, width, device=device, dtype=d.dtype, generator=gen)
+    inputs.hidden_path = torch.randn(B, N, width, device=device, dtype=d.dtype, generator=gen)
     inputs.accept_length = a
     times = []
     for i in range(iters):

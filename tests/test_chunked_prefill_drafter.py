@@ -64,9 +64,9 @@ def _record(dec: SpecDecoder) -> dict[int, list]:
     else:
         inner = drafter.propose
 
-        def propose(inputs):
-            tree = inner(inputs)
-            keep(tree.tokens, tree.parents, tree.num_nodes, inputs.active.tolist())
+        def propose(state, **kw):
+            tree = inner(state, **kw)
+            keep(tree.tokens, tree.parents, tree.num_nodes, state.active.tolist())
             return tree
 
         drafter.propose = propose

@@ -54,14 +54,14 @@ def _record(dec: SpecDecoder) -> list:
     drafter, engine, fed = dec.strategies.drafter, dec.engine, []
     inner = drafter.propose
 
-    def propose(inputs):
-        lengths, committed = inputs.accept_length.tolist(), inputs.committed_len.tolist()
-        for slot, live in enumerate(inputs.active.tolist()):
+    def propose(state, **kw):
+        lengths, committed = state.accept_length.tolist(), state.committed_len.tolist()
+        for slot, live in enumerate(state.active.tolist()):
             request = engine.slots[slot]
             if live and lengths[slot] >= 0 and request is not None:
                 a = lengths[slot]
-                fed.append((request.prompt + request.token_ids, committed[slot], a, inputs.hidden[slot, : a + 1].clone()))
-        return inner(inputs)
+                fed.append((request.prompt + request.token_ids, committed[slot], a, state.hidden_path[slot, : a + 1].clone()))
+        return inner(state, **kw)
 
     drafter.propose = propose
     return fed

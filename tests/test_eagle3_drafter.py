@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.eagle3_drafter import Eagle3Drafter
 from specdec.drafters.eagle3_model import Eagle3ShapeError
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 from specdec.types import SamplingTensors
 
 from _eagle3_heads import D_T, V, World, random_head
@@ -63,10 +63,10 @@ class Slots:
     def inputs(self, sampling=None):
         B = self.cfg.max_batch_size
         root = torch.tensor([int(self.worlds[s].seq[self.committed[s]]) for s in range(B)])
-        inp = DraftInput(
+        inp = StepState.for_drafting(
             root_tokens=root, committed_len=torch.tensor(self.committed), accept_length=torch.tensor(self.accept),
-            accept_tokens=self.accept_tokens.clone(), hidden=None if self.hidden is None else self.hidden.clone(),
-            active=torch.tensor(self.active),
+            accept_tokens=self.accept_tokens.clone(), hidden_path=None if self.hidden is None else self.hidden.clone(),
+            active=torch.tensor(self.active), drafter=self.d,
         )
         if sampling is not None:
             inp.sampling = sampling
@@ -271,8 +271,8 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     s = Slots(d, cfg, [World(20, WIDTH, dtype=torch.float64)] * 3)
     s.prefill(0, 5)
     inp = s.inputs()
-    inp.hidden = torch.zeros(3, cfg.num_tree_slots, 2 * D_T)
-    with pytest.raises(ValueError, match=r"DraftInput.hidden has width 64; the EAGLE-3 head reads the captured target states .* of width 96"):
+    inp.hidden_path = torch.zeros(3, cfg.num_tree_slots, 2 * D_T)
+    with pytest.raises(ValueError, match=r"StepState.hidden_path has width 64; the EAGLE-3 head reads the captured target states .* of width 96"):
         d.propose(inp)
 
 

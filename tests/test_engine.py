@@ -81,11 +81,11 @@ class ChainDrafter:
     def reset_slot(self, slot):
         pass
 
-    def propose(self, inputs):
+    def propose(self, state, max_kv_len=None, draft=True):
         if self.log is not None:
             self.log.append("draft")
-        B = inputs.root_tokens.shape[0]
-        toks = [inputs.root_tokens]
+        B = state.root_tokens.shape[0]
+        toks = [state.root_tokens]
         for _ in range(self.depth):
             toks.append(self.guess(toks[-1]))
         tokens = torch.stack(toks, 1)  # [B, N]

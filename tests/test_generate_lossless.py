@@ -107,7 +107,7 @@ class OracleDrafter:
     def reset_slot(self, slot):
         self.generated.pop(slot, None)
 
-    def propose(self, inputs):
+    def propose(self, inputs, max_kv_len=None, draft=True):  # inputs: the step's StepState
         B, N = inputs.root_tokens.shape[0], self.num_tree_slots
         tokens = torch.zeros(B, N, dtype=torch.int64)
         parents = torch.full((B, N), -1, dtype=torch.int64)

@@ -16,7 +16,7 @@ from specdec.drafters.dynamic_tree import logq_expander
 from specdec.drafters.mtp_drafter import MTPDrafter, restricted_head
 from specdec.drafters.mtp_model import causal_attend
 from specdec.policies import top_candidates
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 
 from _mtp_heads import D, V, random_mtp
 
@@ -80,10 +80,10 @@ class Slots:
 
     def inputs(self):
         root = torch.tensor([int(w.seq[c]) for w, c in zip(self.worlds, self.committed)])
-        return DraftInput(
+        return StepState.for_drafting(
             root_tokens=root, committed_len=torch.tensor(self.committed), accept_length=torch.tensor(self.accept),
-            accept_tokens=self.accept_tokens.clone(), hidden=None if self.hidden is None else self.hidden.clone(),
-            active=torch.tensor(self.active),
+            accept_tokens=self.accept_tokens.clone(), hidden_path=None if self.hidden is None else self.hidden.clone(),
+            active=torch.tensor(self.active), drafter=self.d,
         )
 
 
@@ -223,8 +223,8 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     s = Slots(d, cfg, [World(20, seed=0)] * 3)
     s.prefill(0, 5)
     inp = s.inputs()
-    inp.hidden = torch.zeros(3, cfg.num_tree_slots, 3 * D)
-    with pytest.raises(ValueError, match=r"DraftInput.hidden has width 192; the MTP head reads .* width 64"):
+    inp.hidden_path = torch.zeros(3, cfg.num_tree_slots, 3 * D)
+    with pytest.raises(ValueError, match=r"StepState.hidden_path has width 192; the MTP head reads .* width 64"):
         d.propose(inp)
     assert d.reads == "last_hidden" and not d.runs_on_host
 

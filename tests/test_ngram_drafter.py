@@ -9,7 +9,7 @@ import torch
 
 from specdec.config import ConfigError, SpecConfig
 from specdec.drafters.ngram_drafter import NgramDrafter, NgramIndex, NgramOptions
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 
 
 def cfg(**kw):
@@ -98,10 +98,9 @@ class Stream:
         self.steps = []
 
     def step(self):
-        inp = DraftInput(
+        inp = StepState.for_drafting(
             root_tokens=torch.tensor([self.truth[self.pos - 1], 0]), committed_len=torch.zeros(2, dtype=torch.int64),
-            accept_length=self.accept_length, accept_tokens=self.accept_tokens, hidden=None,
-            active=torch.tensor([True, False]),
+            accept_length=self.accept_length, accept_tokens=self.accept_tokens, active=torch.tensor([True, False]),
         )
         tree = self.d.propose(inp)
         assert int(tree.num_nodes[1]) == 1  # the idle slot drafts nothing
@@ -172,9 +171,9 @@ def test_reset_slots_draft_root_only_and_a_history_out_of_sync_is_an_error():
     c = cfg(max_draft_len=3)
     d = NgramDrafter(c, NgramOptions.from_config(c))
     d.prefill(0, torch.tensor([1, 2, 3, 1, 2]), None)
-    inp = DraftInput(
+    inp = StepState.for_drafting(
         root_tokens=torch.tensor([2, 0]), committed_len=torch.tensor([6, 0]), accept_length=torch.tensor([-1, -1]),
-        accept_tokens=torch.full((2, 4), -1), hidden=None, active=torch.tensor([True, True]),
+        accept_tokens=torch.full((2, 4), -1), active=torch.tensor([True, True]),
     )
     t = d.propose(inp)
     assert t.tokens[0].tolist() == [2, 3, 1, 2] and t.parents[0].tolist() == [-1, 0, 1, 2]

@@ -130,11 +130,11 @@ def test_a_plugin_failing_mid_batch_fails_that_step_only_and_the_decoder_keeps_w
     calls = {"n": 0}
     real = drafter.propose
 
-    def flaky(inputs):
+    def flaky(state, **kw):
         calls["n"] += 1
         if calls["n"] == 5:
             raise Boom("planted failure in propose")
-        return real(inputs)
+        return real(state, **kw)
 
     drafter.propose = flaky
     try:

@@ -10,7 +10,7 @@ from specdec import SamplingParams, SpecConfig
 from specdec.decoder import SpecDecoder
 from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
 from specdec.drafters.mtp_drafter import MTPDrafter
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 from specdec.train.mtp_trainer import train_mtp
 from specdec.train.mtp_unroll import mtp_teacher_forward, mtp_unroll
 from specdec.train.plot import read_log
@@ -95,9 +95,9 @@ def test_mtp_unroll_steps_reproduce_the_mtp_drafters_chain_at_inference():
     with torch.no_grad():
         drafter.prefill(0, seq0[1 : L + 1], H[:L])  # prompt seq0[:L], first generated token seq0[L]
         hook = head.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
-        tree = drafter.propose(DraftInput(
+        tree = drafter.propose(StepState.for_drafting(
             root_tokens=seq0[L : L + 1], committed_len=torch.tensor([L]), accept_length=torch.tensor([-1]),
-            accept_tokens=torch.full((1, Dd + 1), -1), hidden=None, active=torch.tensor([True]),
+            accept_tokens=torch.full((1, Dd + 1), -1), active=torch.tensor([True]), drafter=drafter,
         ))
         hook.remove()
     assert tree.parents[0].tolist() == [-1, 0, 1, 2, 3, 4]

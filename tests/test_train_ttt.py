@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from specdec.config import SpecConfig
 from specdec.drafters.eagle3_drafter import Eagle3Drafter
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 from specdec.train.ttt import estimated_accept_length, ttt_attention, ttt_attention_ref, ttt_mask, ttt_unroll
 
 from _eagle3_heads import D_T, V, VD, World, random_head
@@ -66,9 +66,9 @@ def test_ttt_steps_reproduce_the_drafters_chain_at_inference():
         drafter.prefill(0, *world.prefill_args(L))  # prompt seq[:L], first generated token seq[L]
         seen = []
         hook = head.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
-        tree = drafter.propose(DraftInput(
+        tree = drafter.propose(StepState.for_drafting(
             root_tokens=world.seq[L : L + 1], committed_len=torch.tensor([L]), accept_length=torch.tensor([-1]),
-            accept_tokens=torch.full((1, D + 1), -1), hidden=None, active=torch.tensor([True]),
+            accept_tokens=torch.full((1, D + 1), -1), active=torch.tensor([True]), drafter=drafter,
         ))
         hook.remove()
     assert tree.parents[0].tolist() == [-1, 0, 1, 2, 3, 4]

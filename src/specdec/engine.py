@@ -170,7 +170,10 @@ class SpecEngine:
         # positions past committed_len a step writes: the target's tree, the drafter's rows
         self.lookahead = max(N, caps.kv_lookahead)
         self.buckets = config.batch_buckets
-        self.state = StepState.allocate(B, N, runner.hidden_width, device=self.device, hidden_dtype=runner.dtype)
+        # every per-slot tensor a step touches, the drafter's own (`slot_state`) included
+        drafter_slots = strategies.drafter.slot_state() if hasattr(strategies.drafter, "slot_state") else None
+        self.state = StepState.allocate(B, N, runner.hidden_width, device=self.device, hidden_dtype=runner.dtype,
+                                        drafter=drafter_slots)
         self.device_step = DeviceStep(strategies, runner, self.state, compiled=compiled)
         # adaptive speculation: a plain step beside the speculative one, chosen per step by measured cost
         self.adaptive = bool(config.adaptive) and N > 1

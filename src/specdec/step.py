@@ -1,8 +1,7 @@
 """One speculative step as a device function over explicit, fixed-capacity state.
 
-Owns `StepState` (every per-slot tensor a step reads or writes: B = max_batch_size slots x
-N tree slots, allocated once, updated in place with `copy_`, never rebound) and `DeviceStep`,
-the step itself:
+Owns `DeviceStep`, the step itself, over a `StepState` (`specdec.step_state`: every per-slot
+tensor a step reads or writes, the drafter's included; allocated once, updated in place):
 
     draft (device drafters) -> build tree -> target tree-verify forward with capture ->
     verification -> KV relocation -> state advance -> pack the hand-off
@@ -16,110 +15,14 @@ copy, no branching on tensor values, no `torch.Generator` (draws are counter-bas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .compile_scope import compile_private
 from .ops.random import STREAM_VERIFY, counter_uniforms
 from .registry import Strategies
-from .strategies import DraftInput
-from .types import SamplingTensors, TreeMeta
+from .step_state import StepState
 
-__all__ = ["StepState", "DeviceStep"]
-
-
-@dataclass
-class StepState:
-    """Per-slot decoding state (row b = request slot b; inactive rows are padding).
-
-    root_tokens:   [B] int64 newest token of each slot (tree node 0; its KV is not cached)
-    committed_len: [B] int64 tokens with target KV
-    accept_length: [B] int64 drafts accepted by the last step (-1 right after prefill)
-    accept_tokens: [B, N] int64 tokens the last step emitted (accepted drafts, bonus, -1)
-    active:        [B] bool slots holding a live request
-    hidden_path:   [B, N, w] the drafter's target states along the last accepted path, or None
-    sampling:      per-slot sampling tensors, `seed` included
-    draft_tokens / draft_parents: [B, N] int64, draft_num_nodes: [B] int64, a host drafter's tree
-    draft_budget:  [B] int64 draft tokens each request verifies per step (`num_draft_tokens`);
-                   the tree is cut to its first 1 + budget nodes (a prefix of a topological
-                   order is a tree), 0 = the root only, i.e. plain decoding for that request
-    tree:          [B, N] tree metadata buffers (`build_tree(out=...)`); tree1: [B, 1] the root-only
-                   tree, built once by `DeviceStep` (plain steps, and every step when N = 1)
-    handoff:       [B, N + 1] int64, what the host reads after a step: accept_length, then
-                   the emitted tokens
-    """
-
-    root_tokens: torch.Tensor
-    committed_len: torch.Tensor
-    accept_length: torch.Tensor
-    accept_tokens: torch.Tensor
-    active: torch.Tensor
-    hidden_path: torch.Tensor | None
-    sampling: SamplingTensors
-    draft_tokens: torch.Tensor
-    draft_parents: torch.Tensor
-    draft_num_nodes: torch.Tensor
-    draft_budget: torch.Tensor
-    tree: TreeMeta
-    tree1: TreeMeta
-    handoff: torch.Tensor
-
-    @staticmethod
-    def allocate(batch: int, nodes: int, hidden_width: int, *, device, hidden_dtype) -> "StepState":
-        i64 = dict(dtype=torch.int64, device=device)
-        f32 = dict(dtype=torch.float32, device=device)
-        return StepState(
-            root_tokens=torch.zeros(batch, **i64),
-            committed_len=torch.zeros(batch, **i64),
-            accept_length=torch.full((batch,), -1, **i64),
-            accept_tokens=torch.full((batch, nodes), -1, **i64),
-            active=torch.zeros(batch, dtype=torch.bool, device=device),
-            hidden_path=torch.zeros(batch, nodes, hidden_width, dtype=hidden_dtype, device=device) if hidden_width else None,
-            sampling=SamplingTensors(
-                temperature=torch.zeros(batch, **f32),
-                top_k=torch.zeros(batch, **i64),
-                top_p=torch.ones(batch, **f32),
-                min_p=torch.zeros(batch, **f32),
-                seed=torch.zeros(batch, **i64),
-            ),
-            draft_tokens=torch.zeros(batch, nodes, **i64),
-            draft_parents=torch.full((batch, nodes), -1, **i64),
-            draft_num_nodes=torch.ones(batch, **i64),
-            draft_budget=torch.full((batch,), nodes - 1, **i64),
-            tree=TreeMeta.empty(batch, nodes, device),
-            tree1=TreeMeta.empty(batch, 1, device),
-            handoff=torch.zeros(batch, nodes + 1, **i64),
-        )
-
-    def rows(self, b: int) -> "StepState":
-        """Views of the first `b` slots (a batch bucket); writes land in this state."""
-        t, t1 = self.tree, self.tree1
-        return StepState(
-            root_tokens=self.root_tokens[:b],
-            committed_len=self.committed_len[:b],
-            accept_length=self.accept_length[:b],
-            accept_tokens=self.accept_tokens[:b],
-            active=self.active[:b],
-            hidden_path=None if self.hidden_path is None else self.hidden_path[:b],
-            sampling=self.sampling.rows(b),
-            draft_tokens=self.draft_tokens[:b],
-            draft_parents=self.draft_parents[:b],
-            draft_num_nodes=self.draft_num_nodes[:b],
-            draft_budget=self.draft_budget[:b],
-            tree=TreeMeta(*(x[:b] for x in (t.packed_mask, t.positions, t.next_token, t.next_sibling, t.retrieve_index))),
-            tree1=TreeMeta(*(x[:b] for x in (t1.packed_mask, t1.positions, t1.next_token, t1.next_sibling,
-                                              t1.retrieve_index))),
-            handoff=self.handoff[:b],
-        )
-
-    @property
-    def batch_size(self) -> int:
-        return self.root_tokens.shape[0]
-
-    @property
-    def num_nodes(self) -> int:
-        return self.accept_tokens.shape[1]
+__all__ = ["StepState", "DeviceStep"]  # StepState lives in step_state; re-exported
 
 
 def advance_state(active, accept_length, accept_tokens, root_tokens, committed_len, hidden_path, handoff,
@@ -245,18 +148,7 @@ class DeviceStep:
                 state.draft_tokens, state.draft_parents, state.draft_num_nodes, None
             )
         else:
-            draft = s.drafter.propose(
-                DraftInput(
-                    root_tokens=state.root_tokens,
-                    committed_len=state.committed_len,
-                    accept_length=state.accept_length,
-                    accept_tokens=state.accept_tokens,
-                    hidden=state.hidden_path,
-                    active=active,
-                    sampling=state.sampling,
-                    max_kv_len=kv_len,
-                )
-            )
+            draft = s.drafter.propose(state, max_kv_len=kv_len)  # the bucket's state, the drafter's slots included
             tokens, parents, num_nodes, draft_probs = draft.tokens, draft.parents, draft.num_nodes, draft.draft_probs
         num_nodes, live_nodes = self.sizes(num_nodes, state.draft_budget, active)  # [B] budgets applied; idle: 0 rows
         # N = 1 (static): the root alone, whose tree was built once (`__init__`)
@@ -287,13 +179,7 @@ class DeviceStep:
         s, active = self.strategies, state.active
         B = state.root_tokens.shape[0]
         if not self.host_drafter and not self.defer:  # host drafters ingest on the host (`propose_host`)
-            s.drafter.propose(
-                DraftInput(
-                    root_tokens=state.root_tokens, committed_len=state.committed_len,
-                    accept_length=state.accept_length, accept_tokens=state.accept_tokens, hidden=state.hidden_path,
-                    active=active, sampling=state.sampling, max_kv_len=kv_len, draft=False,
-                )
-            )
+            s.drafter.propose(state, max_kv_len=kv_len, draft=False)
         tokens = state.root_tokens[:, None]  # [B, 1]
         tree = state.tree1  # the root-only tree, built once (`__init__`)
         self._mark(timer, "draft")

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from .step_state import StepState
     from .types import Acceptance, Candidates, DraftTree, Frontier, GrownTree, SamplingTensors, TreeMeta
 
-__all__ = ["TargetInfo", "Drafter", "TreeBuilder", "Verifier", "KVRelocator", "DraftInput", "TreePolicy", "Expand", "READS",
+__all__ = ["TargetInfo", "Drafter", "TreeBuilder", "Verifier", "KVRelocator", "TreePolicy", "Expand", "READS",
            "DrafterCaps", "VerifierCaps", "PolicyCaps"]
 
 READS = ("captured", "last_hidden", "nothing")  # what a drafter may read of the target
@@ -40,43 +41,6 @@ class TargetInfo:
     model: object | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass
-class DraftInput:
-    """What the engine hands a drafter each step (after the previous step's verification).
-
-    root_tokens:   [B] int64, each slot's newest token (tree node 0; its KV is not cached)
-    committed_len: [B] int64, tokens with target KV after the last step; the root sits at
-                   this position. The last step's accepted path started at
-                   committed_len - accept_length - 1.
-    accept_length: [B] int64, draft nodes a accepted in the last verification
-    accept_tokens: [B, N] int64, tokens emitted last step: a accepted drafts, then the bonus
-                   token (= the new root), then -1
-    hidden:        [B, N, d * n_capture] or None, captured target states along the last
-                   step's accepted path (row j = state at node accept_nodes[b, j], i.e. at
-                   position committed_len - a - 1 + j); rows past a are undefined.
-    Right after `prefill`, a slot has accept_length = -1 (nothing new to ingest).
-    active:        [B] bool, slots holding a live request
-    sampling:      per-slot sampling parameters (drafters that sample may temper with them;
-                   `sampling.seed` keys their counter-based draws)
-    max_kv_len:    python int, a static bound on the logical positions any slot's attention
-                   reads this step (committed_len + the drafter's `kv_lookahead`); None = max_seq_len
-
-    B is the step's batch bucket: the first B request slots (B <= max_batch_size). A drafter
-    slices its own per-slot state to the first B rows.
-    """
-
-    root_tokens: torch.Tensor  # [B] int64
-    committed_len: torch.Tensor  # [B] int64
-    accept_length: torch.Tensor  # [B] int64
-    accept_tokens: torch.Tensor  # [B, N] int64
-    hidden: torch.Tensor | None  # [B, N, d * n_capture]
-    active: torch.Tensor  # [B] bool
-    sampling: SamplingTensors | None = None
-    max_kv_len: int | None = None
-    draft: bool = True  # False: ingest the accepted paths only and return root-only trees without
-    # draft_probs; no draft forward may run (the adaptive engine's plain step, priced as target-only + ingest)
-
-
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes a draft tree each step.
@@ -86,7 +50,7 @@ class Drafter(Protocol):
     reads:          "captured" (target layer outputs: the engine allocates a capture buffer
                     and passes `hidden`), "last_hidden" (the target's state after the final
                     norm, [.., d], as MTP heads read) or "nothing".
-    runs_on_host:   False: `propose(inputs)` runs inside the captured step (fixed shapes, no
+    runs_on_host:   False: `propose(state)` runs inside the captured step (fixed shapes, no
                     host sync). True: it cannot (n-gram: a host suffix index); it drafts
                     between steps with `propose_host(accept_length, accept_tokens,
                     root_tokens, active) -> (tokens [B, N], parents [B, N], num_nodes [B])`
@@ -100,7 +64,10 @@ class Drafter(Protocol):
     drafter writes in its own KV during `propose`; the engine reserves max(N, kv_lookahead)
     ahead), `attach(cache)` (called once with the target's `PagedKVCache`: a drafter with its
     own KV puts it on that cache's allocator), `use_compiled(on)` (switch its tensor glue to
-    compiled pieces), `model` (its torch module, compiled with the target's).
+    compiled pieces), `model` (its torch module, compiled with the target's), `slot_state()`
+    (its per-slot tensors by name, each [max_batch_size, ...]: the engine keeps them in
+    `StepState.drafter`, so the step's one state record holds them, and `propose` reads them
+    from the state it is given).
     """
 
     reads: Literal["captured", "last_hidden", "nothing"]
@@ -120,8 +87,22 @@ class Drafter(Protocol):
                      prompt arrive in order, the last one after the first token is sampled.
         """
 
-    def propose(self, inputs: DraftInput) -> DraftTree:
-        """Draft the next tree for every active slot (fixed shape [B, N])."""
+    def propose(self, state: StepState, max_kv_len: int | None = None, draft: bool = True) -> DraftTree:
+        """Draft the next tree for every active slot (fixed shape [B, N]).
+
+        state:      the step's `StepState`, a bucket's views (B = the bucket, the first B
+                    slots; B <= max_batch_size). A drafter reads root_tokens, committed_len,
+                    accept_length / accept_tokens (the last step's verified path, whose KV
+                    it ingests; -1 right after prefill: nothing new), hidden_path (the target
+                    states along that path, or None), active, sampling (seeds key its draws)
+                    and its own per-slot tensors in `state.drafter`; it writes only those.
+        max_kv_len: a static bound on the logical positions any slot's attention reads
+                    this step (committed_len + the drafter's `kv_lookahead`); None =
+                    max_seq_len.
+        draft:      False: ingest the accepted paths only and return root-only trees without
+                    draft_probs, running no draft forward (the adaptive engine's plain step,
+                    priced as target-only + ingest).
+        """
 
     def reset_slot(self, slot: int) -> None:
         """Forget a finished request's state; the slot must then draft a valid empty tree."""

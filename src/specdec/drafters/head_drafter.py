@@ -51,7 +51,7 @@ from specdec.runtime.batch import new_rows, prefill_batch
 from specdec.runtime.bucket_graphs import BucketGraphs, PaddedChunks, bucket_grid
 from specdec.runtime.host_copy import to_device
 from specdec.runtime.kv_cache import PagedKVCache
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 from specdec.types import DraftTree
 
 from specdec.policies.candidates import clean_logq
@@ -184,7 +184,7 @@ class HeadDrafter:
         target_ids: [Vd] int64, the target id of each draft id (a draft vocabulary smaller
             than the target's: drafts map through it and `draft_probs` are scattered into
             V); None when the head predicts over the target's vocabulary itself (Vd == V).
-        hidden_width: the width of the target states the first row reads (`DraftInput.hidden`).
+        hidden_width: the width of the target states the first row reads (`StepState.hidden_path`).
         samples_drafts: return `draft_probs` with each tree (for verifiers that need draft
             probabilities); the policy must then sample.
         seed: mixed into the keys of the draft-sampling draws (with each request's own seed).
@@ -195,7 +195,7 @@ class HeadDrafter:
     reads: str  # "captured" or "last_hidden" (the `Drafter` capability)
     runs_on_host = False  # drafts inside the captured step
     kind = "draft head"  # for messages
-    hidden_name = "the target's hidden states"  # what `DraftInput.hidden` holds, for messages
+    hidden_name = "the target's hidden states"  # what `StepState.hidden_path` holds, for messages
 
     def __init__(
         self,
@@ -299,6 +299,13 @@ class HeadDrafter:
         self.ingest_outputs = compile_private(_ingest_outputs, dynamic=True, fullgraph=True) if on else _ingest_outputs
         self.tree_of = compile_private(_tree_of, dynamic=True, fullgraph=True) if on else _tree_of
         self.policy.use_compiled(on)
+
+    def slot_state(self) -> dict[str, torch.Tensor]:
+        """The per-slot tensors a step reads and advances, for `StepState.drafter`: ctx_hidden
+        [B, d] (the head's output at each slot's newest committed row), root_logits [B, Vd]
+        (the root's child distribution) and live [B] bool (the slot holds draft state). The
+        prefill writes them; `propose` reads them from the state it is given, not from here."""
+        return {"ctx_hidden": self.ctx_hidden, "root_logits": self.root_logits, "live": self.live}
 
     def attach(self, cache: PagedKVCache) -> None:
         """Put the draft KV on `cache`'s allocator (the target's): same blocks, same tables."""
@@ -447,25 +454,24 @@ class HeadDrafter:
         self.live[slot] = False
 
     # ------------------------------------------------------------------ device side
-    def _ingest(self, inputs: DraftInput, live: torch.Tensor, kv_len: int) -> None:
-        """Run the accepted paths through the head; update `ctx_hidden` / `root_logits` in place."""
-        if inputs.hidden is None:  # standalone use right after prefill: nothing verified yet
+    def _ingest(self, state: StepState, slots: dict, live: torch.Tensor, kv_len: int) -> None:
+        """Run the accepted paths through the head; update the slots' `ctx_hidden` / `root_logits` in place."""
+        if state.hidden_path is None:  # standalone use right after prefill: nothing verified yet
             return
         B = live.shape[0]
         R = self.depth + 1  # longest accepted path: D drafts + the bonus
         dev = self.device
         lookup = self._lookup
         ingest, q_len, start, positions, write_index, rows, hidden = self.ingest_inputs(
-            inputs.committed_len.to(dev), inputs.accept_length.to(dev), inputs.accept_tokens.to(dev),
-            inputs.hidden[:, :R].to(dev, self.dtype), live, self.cache.block_tables, R, self.cache.block_size,
+            state.committed_len.to(dev), state.accept_length.to(dev), state.accept_tokens.to(dev),
+            state.hidden_path[:, :R].to(dev, self.dtype), live, self.cache.block_tables, R, self.cache.block_size,
             None if lookup is None else lookup.weight,
         )  # accept_length -1 = nothing new since prefill; rows: tokens [B, R], or embedded [B, R, d]
         batch = AttentionBatch(slots=self._slots[:B], cache_len=start, q_len=q_len, write_index=write_index,
                                tree_mask=None, max_kv_len=kv_len, positions=positions)
         embeds = rows if lookup is not None else self.embed(rows)  # [B, R, d]
         out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=True)
-        ctx, root = self.ctx_hidden[:B], self.root_logits[:B]
-        self.ingest_outputs(out, logits, q_len, ingest, ctx, root)
+        self.ingest_outputs(out, logits, q_len, ingest, slots["ctx_hidden"][:B], slots["root_logits"][:B])
 
     def _log_dist(self, logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
         """Draft log-distribution [..., Vd]; tempered per slot when drafts are sampled."""
@@ -491,30 +497,38 @@ class HeadDrafter:
         return Candidates(tokens=tok, logq=torch.gather(lq, 2, tok), probs=p if self.samples_drafts else None)
 
     @torch.no_grad()
-    def propose(self, inputs: DraftInput) -> DraftTree:
-        """Ingest last step's accepted paths, then draft every slot's tree ([B, N], fixed shape)."""
-        if inputs.hidden is not None and inputs.hidden.shape[-1] != self.hidden_width:
+    def propose(self, state: StepState, max_kv_len: int | None = None, draft: bool = True) -> DraftTree:
+        """Ingest last step's accepted paths, then draft every slot's tree ([B, N], fixed shape);
+        `draft=False` (the adaptive engine's plain step): ingest only, root-only trees."""
+        if state.hidden_path is not None and state.hidden_path.shape[-1] != self.hidden_width:
             raise ValueError(
-                f"DraftInput.hidden has width {inputs.hidden.shape[-1]}; the {self.kind} reads {self.hidden_name} "
-                f"of width {self.hidden_width}"
+                f"StepState.hidden_path has width {state.hidden_path.shape[-1]}; the {self.kind} reads "
+                f"{self.hidden_name} of width {self.hidden_width}"
+            )
+        slots = state.drafter
+        if not all(name in slots for name in ("ctx_hidden", "root_logits", "live")):
+            raise ValueError(
+                f"the StepState carries no slot tensors of this {self.kind} (it has {sorted(slots)}): build it with "
+                "StepState.allocate(..., drafter=drafter.slot_state()) or StepState.for_drafting(..., drafter=drafter)"
             )
         dev = self.device
-        B = inputs.root_tokens.shape[0]
-        kv_len = inputs.max_kv_len or self.max_seq_len
-        live = self.live[:B] & inputs.active.to(dev)  # [B]
-        self._ingest(inputs, live, kv_len)
-        if not inputs.draft:  # an adaptive plain step: the KV is current, nothing is drafted
-            return self._root_only(inputs.root_tokens.to(dev))
-        committed = inputs.committed_len.to(dev)  # [B]
-        sampling = inputs.sampling
+        B = state.root_tokens.shape[0]
+        kv_len = max_kv_len or self.max_seq_len
+        live = slots["live"][:B] & state.active.to(dev)  # [B]
+        self._ingest(state, slots, live, kv_len)
+        if not draft:  # an adaptive plain step: the KV is current, nothing is drafted
+            return self._root_only(state.root_tokens.to(dev))
+        committed = state.committed_len.to(dev)  # [B]
+        sampling = state.sampling
         temperature = None if sampling is None else sampling.temperature
         key = None
         if self.sample:
             seed = sampling.seed if sampling is not None and sampling.seed is not None else torch.zeros_like(committed)
             key = seed.to(dev) ^ self.seed  # [B]
-        slots = self._slots[:B]
-        state = dict(
-            hidden=self.ctx_hidden[:B, None],  # [B, F_prev, d] outputs of the previous call's rows
+        root_logits = slots["root_logits"]
+        ids = self._slots[:B]
+        loop = dict(
+            hidden=slots["ctx_hidden"][:B, None],  # [B, F_prev, d] outputs of the previous call's rows
             anc=self._no_ancestors.expand(B, 1, -1),  # [B, F_prev, W] (read only)
         )
 
@@ -522,25 +536,25 @@ class HeadDrafter:
             """The policy's call t: candidates [B, F_t, K_t] of the frontier nodes."""
             t = frontier.depth
             if t == 0:  # the root: its child distribution is already known
-                return self._candidates(self.root_logits[:B, None], frontier.k, 0, key, committed, temperature)
+                return self._candidates(root_logits[:B, None], frontier.k, 0, key, committed, temperature)
             tokens = frontier.tokens  # [B, Fr] draft ids
             Fr = tokens.shape[1]
             first = self.row_offsets[t]
             lookup = self._lookup
             hidden, anc, write_index, q_len, key_len, positions, rows = self.depth_inputs(
-                state["hidden"], state["anc"], frontier.parent_slot, tokens, self._own_bits[first : first + Fr],
+                loop["hidden"], loop["anc"], frontier.parent_slot, tokens, self._own_bits[first : first + Fr],
                 committed, live, self.cache.block_tables, first, t, self.cache.block_size, self.target_ids,
                 None if lookup is None else lookup.weight,
             )  # anc [B, Fr, W]: ancestors + self; positions [B, Fr]: RoPE committed + t - 1
             embeds = rows if lookup is not None else self.embed(rows)  # [B, Fr, d]
-            batch = AttentionBatch(slots=slots, cache_len=committed, q_len=q_len, write_index=write_index,
+            batch = AttentionBatch(slots=ids, cache_len=committed, q_len=q_len, write_index=write_index,
                                    tree_mask=anc, max_kv_len=kv_len, key_len=key_len)
             out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=False)
-            state.update(hidden=out, anc=anc)
+            loop.update(hidden=out, anc=anc)
             return self._candidates(logits, frontier.k, t, key, committed, temperature)
 
         grown = self.policy.grow(expand, B, dev)
-        return self._draft_tree(inputs.root_tokens.to(dev), grown, live)
+        return self._draft_tree(state.root_tokens.to(dev), grown, live)
 
     def _root_only(self, root_tokens: torch.Tensor) -> DraftTree:
         """Root-only trees [B, N] without draft_probs (what an ingest-only `propose` returns;

@@ -33,7 +33,7 @@ import torch
 from specdec.checks import check_int, check_slot
 from specdec.config import ConfigError, SpecConfig
 from specdec.policies.shapes import builtin
-from specdec.strategies import DraftInput
+from specdec.step_state import StepState
 from specdec.types import Candidates, DraftTree, Frontier
 
 __all__ = ["NgramOptions", "NgramIndex", "NgramDrafter", "MAX_OCCURRENCES"]
@@ -223,14 +223,15 @@ class NgramDrafter:
         parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64), grown.parents], 1)
         return tokens, parents, grown.num_nodes + 1
 
-    def propose(self, inputs: DraftInput) -> DraftTree:
-        """`propose_host` on a `DraftInput` (one device-to-host copy; for use outside the engine)."""
+    def propose(self, state: StepState, max_kv_len: int | None = None, draft: bool = True) -> DraftTree:
+        """`propose_host` on a `StepState` (one device-to-host copy; for use outside the engine,
+        which stages a host drafter's trees itself)."""
         packed = torch.cat(
             [
-                inputs.accept_length[:, None],
-                inputs.root_tokens[:, None],
-                inputs.active[:, None].to(torch.int64),
-                inputs.accept_tokens,
+                state.accept_length[:, None],
+                state.root_tokens[:, None],
+                state.active[:, None].to(torch.int64),
+                state.accept_tokens,
             ],
             dim=1,
         ).tolist()

@@ -33,8 +33,8 @@ class NoDrafter:
     def prefill(self, slot, next_tokens, hidden, start: int = 0) -> None:
         return None
 
-    def propose(self, inputs) -> DraftTree:
-        root = inputs.root_tokens  # [B] int64
+    def propose(self, state, max_kv_len: int | None = None, draft: bool = True) -> DraftTree:
+        root = state.root_tokens  # [B] int64
         batch = root.shape[0]
         if self._parents is not None and batch <= self._parents.shape[0] and self._parents.device == root.device:
             parents, num_nodes = self._parents[:batch], self._num_nodes[:batch]

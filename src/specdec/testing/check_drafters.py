@@ -94,9 +94,9 @@ class CheckedDrafter:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def propose(self, inputs):
-        tree = self._inner.propose(inputs)
-        check_draft(tree.tokens, tree.parents, tree.num_nodes, inputs.active.cpu().tolist(), self._inner.num_tree_slots,
+    def propose(self, state, max_kv_len=None, draft=True):
+        tree = self._inner.propose(state, max_kv_len=max_kv_len, draft=draft)
+        check_draft(tree.tokens, tree.parents, tree.num_nodes, state.active.cpu().tolist(), self._inner.num_tree_slots,
                     self._vocab, tree.draft_probs, self._inner.samples_drafts)
         self._log.append((tree.tokens.cpu(), tree.parents.cpu(), tree.num_nodes.cpu()))
         return tree
