@@ -26,6 +26,8 @@ Targets (`--targets`):
     python examples/bench_batch.py --targets smollm2 --batch-sizes 1 4
     python examples/bench_batch.py --quick                 # CPU smoke run on tiny random models
     python examples/bench_batch.py --targets 8b-none --batch-sizes 64 --profile 25   # + one profiled run per setup
+    python examples/bench_batch.py --targets 8b-none --batch-sizes 1 --setups target-only adaptive --overlap both
+                                                           # each setup also with overlapped steps (notes/OVERLAP.md)
 
 Targets (issue 22, H200): adaptive >= 0.98x target-only and >= 0.97x the better of fixed and
 target-only at every batch size and target, the never-accepting head included.
@@ -49,6 +51,10 @@ from specdec.step_timing import HOST_PARTS
 from specdec.registry import get_plugin_manager
 from specdec.ops import verify_greedy
 from specdec.types import Acceptance, TreeMeta
+
+
+SETUPS = ("target-only", "fixed", "adaptive")
+OVERLAP = "+overlap"  # a setup's kind with overlapped steps (`--overlap`)
 
 
 # ----------------------------------------------------------------------------- forced acceptance
@@ -285,6 +291,7 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     """Output tok/s of one decoder kind at batch B on max(2B, --min-requests) prompts (warm-up not
     timed): the median of --repeats timed runs on the same warm decoder."""
     base = SpecConfig(max_batch_size=B, max_seq_len=args.max_seq_len, compile=args.compile, cuda_graphs=args.cuda_graphs)
+    kind, overlap = kind.removesuffix(OVERLAP), kind.endswith(OVERLAP)  # "fixed+overlap": overlapped steps
     if kind == "target-only":
         config, draft = base.replace(drafter="none"), None
     else:
@@ -293,6 +300,7 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     pm = get_plugin_manager()
     pm.register(ForcedPlugin())
     dec = SpecDecoder.from_pretrained(target, draft, config, pm=pm)
+    dec.engine.overlap = overlap  # notes/OVERLAP.md
     batch = [prompts[i % len(prompts)] for i in range(max(2 * B, args.min_requests))]
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     device = next(target.model.parameters()).device
@@ -307,6 +315,7 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
         profile_run(dec, batch, params, device, kind, args.profile)
     med = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]  # the median run (its own breakdown)
     decisions = None if rule is None else dict(speculative=rule.decisions[True], plain=rule.decisions[False], probes=rule.probes)
+    kind = kind + (OVERLAP if overlap else "")
     row = dict(kind=kind, batch=B, **med, warmup_s=warm_s, repeats=len(runs),
                tok_s_runs=[r["tok_s"] for r in runs],
                decisions=decisions, costs=None if rule is None else rule.costs.table(),
@@ -315,7 +324,7 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     log(f"  {kind}: median of {len(runs)}: {med['seconds']:.2f} s = steps {med['step_s']:.2f} + prefill "
         f"{med['prefill_s']:.2f} + other {med['other_s']:.2f}; decode {med['decode_tok_s']:.0f} tok/s; gc "
         f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
-    label = (lambda d: f"{d['bucket']} {d['variant']}") if kind == "adaptive" else (lambda d: f"{d['bucket']}")
+    label = (lambda d: f"{d['bucket']} {d['variant']}") if rule is not None else (lambda d: f"{d['bucket']}")
     log(f"  {kind}: steps per bucket: " + "; ".join(
         f"{label(d)} x{d['steps']} {d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s" for d in med["buckets"]))
     log(f"  {kind}: a step's host timeline per bucket, us (" + " / ".join(HOST_PARTS) + "): " + "; ".join(
@@ -355,6 +364,12 @@ def main() -> None:
     p.add_argument("--compile", default="auto")
     p.add_argument("--cuda-graphs", default="auto")
     p.add_argument("--out", default=None, help="JSON lines of every row")
+    p.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS),
+                   help="which setups to run (default all three; the table needs all three)")
+    p.add_argument("--overlap", choices=("off", "on", "both"), default="off",
+                   help="overlapped steps (launch the next step before reading the last hand-off, notes/OVERLAP.md): "
+                        "off, on for every setup, or both (each setup also with '+overlap', side by side; ratios "
+                        "against target-only without it)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="after the timed runs, one more under torch.profiler per setup: print its ROWS ops with the most "
                         "host (and device) time (0: none)")
@@ -386,11 +401,14 @@ def main() -> None:
             target, head, prompts, verifier = eight_b(device, dtype, quick, accept_all=name == "8b-all")
         for B in sizes:
             found = {}
-            for kind in ("target-only", "fixed", "adaptive"):
+            kinds = tuple(k for k in SETUPS if k in args.setups)
+            kinds = {"off": kinds, "on": tuple(k + OVERLAP for k in kinds), "both": kinds + tuple(k + OVERLAP for k in kinds)}[args.overlap]
+            for kind in kinds:
                 row = run(target, head, prompts, B, new_tokens, kind, verifier, args) | dict(target=name)
+                kind = row["kind"]
                 found[kind] = row
-                base = found["target-only"]["tok_s"]
-                row["vs_target_only"] = row["tok_s"] / base
+                base = found.get("target-only", found.get("target-only" + OVERLAP))
+                row["vs_target_only"] = row["tok_s"] / base["tok_s"] if base else float("nan")
                 rows.append(row)
                 out.write(row | {"kind_row": "row"})
                 log(f"ROW {name} | batch {B} | {kind} | {row['tok_s']:.1f} tok/s | {row['vs_target_only']:.2f}x | "
@@ -401,7 +419,9 @@ def main() -> None:
     for name in args.targets:
         for B in sizes:
             r = {x["kind"]: x for x in rows if x["target"] == name and x["batch"] == B}
-            if len(r) < 3:
+            if args.overlap == "on":  # the table: the setups without overlap, or all of them with it
+                r = {k.removesuffix(OVERLAP): x for k, x in r.items()}
+            if not all(k in r for k in ("target-only", "fixed", "adaptive")):
                 continue
             best = max(r["target-only"]["tok_s"], r["fixed"]["tok_s"])
             d = r["adaptive"]["decisions"]

@@ -39,7 +39,8 @@ costs what target-only steps cost. Per step it picks
 The per-slot draft budget is not a candidate of its own: one captured graph serves every
 budget of a bucket at one cost, so a request's own budget (`num_draft_tokens`) is always
 the best one for it. Every decision (inputs, prediction, then the measured outcome) is
-kept in `AdaptiveRule.last` for step observers.
+kept in `AdaptiveRule.last` (the latest choice) and `AdaptiveRule.done` (the choice of the
+step whose hand-off was read last, with its outcome) for step observers.
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ class AdaptiveRule:
         self.pool = DepthAcceptance(max_depth, POOL_FORGET)
         self.decisions = {True: 0, False: 0}
         self.probes = 0
-        self.last: Decision | None = None
+        self.last: Decision | None = None  # the latest choice
+        self.done: Decision | None = None  # the choice of the step whose hand-off was read last (`measured`)
         self._run: dict[int, tuple[bool, int]] = {}  # bucket -> (variant, steps in a row)
         self._interval: dict[int, int] = {}  # bucket -> steps before the next probe
         self._probed: dict[int, tuple[bool, int]] = {}  # bucket -> (the choice a pending probe went against, its step)
@@ -268,16 +270,17 @@ class AdaptiveRule:
         self.estimate(request).observe(accept_length, limit)
         self.pool.observe(accept_length, limit)
 
-    def observe_later(self, requests: list, accept_lengths: list[int]) -> None:
+    def observe_later(self, requests: list, accept_lengths: list[int], step: int | None = None) -> None:
         """After a step: keep its requests' accepted lengths for `fold()`, which the engine
         calls right after launching the next step, so this per-request host work (with the
         sums the next choice reads: ~400 us a step at batch 64 on a 2-core CPU,
         `examples/bench_rule_host.py`; it made an adaptive speculative step of SmolLM2 on the
         H200 0.57 ms slower than a fixed chain's) runs while the device computes instead of
         between two steps. The choice made in between reads estimates one step old. A plain
-        step passes no requests."""
+        step passes no requests. `step`: the choice count at that step's choice (default the
+        latest: with overlapped steps the rule has chosen the next one already)."""
         self.fold()  # never more than one step pending
-        self._pending = (self._step, list(zip(requests, accept_lengths, strict=True)))
+        self._pending = (self._step if step is None else step, list(zip(requests, accept_lengths, strict=True)))
 
     def fold(self) -> None:
         """Fold the pending step's acceptance into the estimates and precompute each of its
@@ -292,12 +295,15 @@ class AdaptiveRule:
             self.expected_tokens(request)
         self._folded = step
 
-    def measured(self, bucket: int, variant: str, tokens: int, seconds: float) -> None:
+    def measured(self, bucket: int, variant: str, tokens: int, seconds: float, decision: "Decision | None" = None) -> None:
         """After the step: the variant that ran, its emitted tokens and host seconds (the cost
-        model's live sample)."""
+        model's live sample); `decision`: the step's own (default `last`; with overlapped
+        steps the rule has already chosen the next one). It becomes `done`."""
         self.costs.update(bucket, variant, seconds)
-        if self.last is not None:
-            self.last.measured_tokens, self.last.measured_seconds = tokens, seconds
+        decision = self.last if decision is None else decision
+        if decision is not None:
+            decision.measured_tokens, decision.measured_seconds = tokens, seconds
+        self.done = decision
 
 
 class DecisionLog:
@@ -311,8 +317,8 @@ class DecisionLog:
 
     def on_step(self, engine, accept_length: list[int]) -> None:
         rule = engine.adaptive_rule
-        if rule is not None and rule.last is not None:
-            self.decisions.append(rule.last)
+        if rule is not None and rule.done is not None:  # the decision of the step just handed off
+            self.decisions.append(rule.done)
 
     def summary(self) -> list[dict]:
         """Per (bucket, variant): steps, probes, predicted and measured tok/s (totals over its steps)."""

@@ -109,6 +109,24 @@ class StepObserver(Protocol):
 
 
 @dataclass
+class _Inflight:
+    """A launched step whose hand-off the host has not read yet."""
+
+    b: int  # its batch bucket
+    variant: str
+    running: list[tuple[int, RequestState]]  # (slot, request) of every request it ran
+    host: torch.Tensor  # [b, N + 1] the pinned host rows its hand-off is copied into
+    event: object  # torch.cuda.Event recorded after that copy (None on the CPU: copied at the wait)
+    decision: object  # the adaptive rule's `Decision` for it, or None
+    rule_step: int  # the rule's choice count at its choice (its acceptance is that step's)
+    overlapped: bool  # launched while the step before it was still in flight
+    t0: float  # host times: its start, launch call, after the launch, after the fold
+    t_launch: float
+    t_launched: float
+    t_folded: float
+
+
+@dataclass
 class WarmupReport:
     """What `SpecEngine.warmup` did: seconds spent, the batch buckets run, graphs captured."""
 
@@ -190,8 +208,18 @@ class SpecEngine:
         self.chain = caps is None or caps.chain  # one draft per depth: any budget cuts it cleanly
         self.adaptive_rule = AdaptiveRule(min(config.max_draft_len, N - 1), self.chain, N - 1) if self.adaptive else None
         pin = self.device.type == "cuda"
-        self._handoff_host = torch.zeros(B, N + 1, dtype=torch.int64, pin_memory=pin)  # [B, N + 1]
-        self._handoff_event = torch.cuda.Event() if pin else None
+        # two host buffers and events for the hand-off, so an overlapped step's copy never lands
+        # in the buffer the host still reads (`overlap`)
+        self._handoff_hosts = [torch.zeros(B, N + 1, dtype=torch.int64, pin_memory=pin) for _ in range(2)]  # [B, N + 1]
+        self._handoff_events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
+        self._next_buffer = 0
+        # Overlapped steps (notes/OVERLAP.md): launch step n + 1 before reading step n's hand-off,
+        # so the host's work around a step runs while the device computes the next. Opt-in; not
+        # with a host drafter (it drafts from step n's tokens). Requests that finish at step n
+        # run once more in n + 1 (their rows are dropped).
+        self.overlap = False
+        self._inflight: _Inflight | None = None  # the launched step whose hand-off is not read yet
+        self._last_handoff = 0.0  # host time the last hand-off was read
         self.slots: list[RequestState | None] = [None] * B  # the request holding each slot
         self.waiting: deque[RequestState] = deque()  # submitted, not admitted (oldest first)
         self.touched: list[RequestState] = []  # requests with new tokens or a finish this iteration
@@ -231,7 +259,7 @@ class SpecEngine:
         return [r for r in self.slots if r is not None and r.status == RUNNING]
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(r is not None for r in self.slots)
+        return bool(self.waiting) or any(r is not None for r in self.slots) or self._inflight is not None
 
     def check_request(self, prompt: list[int], params: SamplingParams, index: int | None = None) -> None:
         """Raise `ConfigError` if `prompt` / `params` cannot run (`validation.check_request`, plus
@@ -310,10 +338,11 @@ class SpecEngine:
         self._touched_ids = set()
         self._admit()
         self._advance_prefills()
-        if self.running():
+        if self.running() or self._inflight is not None:
             try:
                 self.step()
             except Exception as err:  # the step's requests fail; everything else goes on
+                self._inflight = None
                 self._fail(self.running(), err)
         for request, why in self.watchdog.check(self.slots, self.waiting):  # never hang on a stuck request
             if request.status == WAITING:
@@ -646,6 +675,8 @@ class SpecEngine:
     def _kv_len_bound(self, b: int) -> int:
         """Static key bound for an eager step: the live slots' reach, rounded up to a bucket."""
         reach = max([r.committed for r in self.running() if r.slot < b] + [0]) + self.lookahead
+        if self._inflight is not None:  # the host's lengths lag the step in flight by up to N positions
+            reach += self.lookahead
         return min(-(-reach // KV_LEN_BUCKET) * KV_LEN_BUCKET, self.config.max_seq_len)
 
     def _reserve_ahead(self) -> None:
@@ -655,7 +686,8 @@ class SpecEngine:
         allocator for them (batch 64, nothing to grow: 14 us a step against 34 asking it for
         every request, 2-core CPU)."""
         ahead = self.lookahead * (1 + self.config.kv_lookahead_steps)
-        needs = ((r, min(r.committed + self.lookahead, r.max_positions)) for r in self.running())
+        reach = self.lookahead * (2 if self._inflight is not None else 1)  # a step in flight advances up to N
+        needs = ((r, min(r.committed + reach, r.max_positions)) for r in self.running())
         short = [(r, need) for r, need in needs if self._backed[r.slot] < need]
         for r, need in sorted(short, key=lambda pair: pair[0].admitted):  # the oldest are served first
             if r.status != RUNNING:
@@ -700,9 +732,13 @@ class SpecEngine:
         for dst, src in ((st.draft_tokens, tokens), (st.draft_parents, parents), (st.draft_num_nodes, num_nodes)):
             dst[:b].copy_(src.pin_memory() if pin else src, non_blocking=pin)
 
-    def _can_defer(self, running: list[RequestState]) -> bool:
-        """Whether a deferred plain step keeps every running path within the drafter's depth."""
-        return self.defer_depth is not None and all(self._path_len[r.slot] + 1 <= self.defer_depth for r in running)
+    def _can_defer(self, running: list[RequestState], pending: "_Inflight | None" = None) -> bool:
+        """Whether a deferred plain step keeps every running path within the drafter's depth
+        (a path's length after a speculative step still in flight is unknown: not then)."""
+        if self.defer_depth is None:
+            return False
+        return all(self._path_len[r.slot] is not None and self._path_len[r.slot] + 1 <= self.defer_depth
+                   for r in running)
 
     def _launch(self, b: int, variant: str = SPECULATIVE) -> None:
         """The device part of the step (no host sync inside)."""
@@ -715,44 +751,91 @@ class SpecEngine:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One speculative step for every running request, ending in the token hand-off."""
-        if not self.running():
-            return
-        if self.cuda_graphs and not self.warmed:
+        """One speculative step for every running request, ending in the token hand-off. With
+        `overlap`, the next step is launched first and the previous one's hand-off is read
+        after it: a call emits the tokens of the step launched by the call before."""
+        if self.cuda_graphs and not self.warmed and self.running():
             raise RuntimeError("CUDA graphs are on but not captured: call warmup() before admitting requests")
+        if self._overlapping():
+            pending = self._inflight  # still in flight while the next is reserved and launched
+            self._inflight = self._begin(pending) if self.running() else None
+            if pending is not None:
+                self._complete(pending)
+            return
+        if self._inflight is not None:  # overlap switched off, or a request is near its end: drain first
+            pending, self._inflight = self._inflight, None
+            self._complete(pending)
+        if self.running():
+            self._complete(self._begin(None))
+
+    def _overlapping(self) -> bool:
+        """Whether this step may launch before the previous hand-off is read: `overlap` on, no
+        host drafter, and no running request within one step's tokens (N) of its
+        max_new_tokens (the step in flight could end it, and the overlapped one would then
+        run past the positions it backs)."""
+        if not self.overlap or self.host_drafter:
+            return False
+        n = self.lookahead
+        return all(r.params.max_new_tokens - len(r.token_ids) > n for r in self.running())
+
+    def _begin(self, pending: "_Inflight | None") -> "_Inflight":
+        """Reserve, choose and launch the device step for the running requests (no host sync),
+        and queue its hand-off copy; `pending`: the step still in flight, if any."""
         t0 = time.perf_counter()
         self._reserve_ahead()
         b = self._bucket()
         running = [r for r in self.running() if r.slot < b]
         variant = SPECULATIVE
         if self.adaptive:
-            plain = DEFERRED if self._can_defer(running) else PLAIN
+            plain = DEFERRED if self._can_defer(running, pending) else PLAIN
             variant = SPECULATIVE if self.adaptive_rule.choose(b, running, plain) else plain
-        speculative = variant == SPECULATIVE
         if self.host_drafter:
             self._stage_host_drafts(b)
         t_launch = time.perf_counter()
         self._launch(b, variant)
         t_launched = time.perf_counter()
+        i = self._next_buffer
+        self._next_buffer = 1 - i
+        host, event = self._handoff_hosts[i][:b], self._handoff_events[i]
+        # the one device-to-host copy of the step, queued behind it (on the CPU the step has run)
+        host.copy_(self.state.handoff[:b], non_blocking=event is not None)
+        if event is not None:
+            event.record()
+        if variant == DEFERRED:
+            for r in running:
+                self._path_len[r.slot] += 1
+        elif variant == PLAIN:
+            for r in running:
+                self._path_len[r.slot] = 0
+        else:  # the accepted length, known at the hand-off
+            for r in running:
+                self._path_len[r.slot] = None
         if self.adaptive:  # the last step's acceptance, folded in while the device runs this one
             self.adaptive_rule.fold()
-        t_folded = time.perf_counter()
+        decision = self.adaptive_rule.last if self.adaptive else None
+        rule_step = self.adaptive_rule._step if self.adaptive else 0
+        return _Inflight(b, variant, [(r.slot, r) for r in running], host, event, decision, rule_step,
+                         pending is not None, t0, t_launch, t_launched, time.perf_counter())
+
+    def _complete(self, step: "_Inflight") -> None:
+        """Wait for `step`'s hand-off (the one host sync) and hand its tokens to the requests
+        that ran in it and still hold their slots."""
         # Token hand-off: the one device-to-host copy and the one wait of the step.
-        host = self._handoff_host[:b]
-        if self._handoff_event is not None:
-            host.copy_(self.state.handoff[:b], non_blocking=True)
-            self._handoff_event.record()
-            self._handoff_event.synchronize()
-        else:
-            host.copy_(self.state.handoff[:b])
+        b, variant, host = step.b, step.variant, step.host
+        t_wait = time.perf_counter()
+        if step.event is not None:
+            step.event.synchronize()
         rows = host.tolist()
+        later = self._inflight if self._inflight is not step else None  # a step launched after this one
+        ran_later = set() if later is None else {slot for slot, _ in later.running}
         t_handoff = time.perf_counter()
+        speculative = variant == SPECULATIVE
         lengths = [row[0] for row in rows]
         emitted_total = 0  # tokens the step produced (before EOS / length cuts)
         observed, observed_lengths = [], []  # the speculative step's requests and accepted lengths
-        for slot, request in enumerate(self.slots[:b]):
-            if request is None or request.status != RUNNING:
-                continue
+        for slot, request in step.running:
+            if request.status != RUNNING or self.slots[slot] is not request:
+                continue  # finished (or left) while the step was in flight: its rows are dropped
             a = lengths[slot]
             emitted = rows[slot][1 : a + 2]
             request.committed += a + 1
@@ -763,17 +846,27 @@ class SpecEngine:
                 observed.append(request)
                 observed_lengths.append(a)
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
-            self._path_len[slot] = self._path_len[slot] + 1 if variant == DEFERRED else a
+            if slot not in ran_later:  # else the later step's launch has set it (unknown, or 0 after a plain step)
+                self._path_len[slot] = a if self._path_len[slot] is None else self._path_len[slot]
             self._emit(request, emitted)
         t_end = time.perf_counter()
-        self.last_step_seconds = t_end - t0
+        # a step's seconds: from when the device could start it (its launch, or the end of the
+        # step before it when that was later) to its hand-off; without overlap, from the step's start
+        if step.overlapped:
+            self.last_step_seconds = t_handoff - max(step.t_launch, self._last_handoff)
+        else:
+            self.last_step_seconds = t_end - step.t0
         self.step_times.add(self.last_step_seconds, self._timer.read() if self.phase_timing else None, bucket=b,
                             variant=variant, tokens=emitted_total,
-                            host=(t_launch - t0, t_launched - t_launch, t_folded - t_launched, t_handoff - t_folded,
-                                  t_end - t_handoff))
+                            host=(step.t_launch - step.t0, step.t_launched - step.t_launch,
+                                  step.t_folded - step.t_launched,
+                                  # waiting: from the launch work's end (without overlap: the parts add up
+                                  # to the step's seconds), or from this wait's start when overlapped
+                                  t_handoff - (t_wait if step.overlapped else step.t_folded), t_end - t_handoff))
+        self._last_handoff = t_handoff
         if self.adaptive:
-            self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds)
-            self.adaptive_rule.observe_later(observed, observed_lengths)
+            self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds, step.decision)
+            self.adaptive_rule.observe_later(observed, observed_lengths, step=step.rule_step)
         for obs in self.observers:
             obs.on_step(self, lengths)
 
