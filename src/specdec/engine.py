@@ -535,13 +535,13 @@ class SpecEngine:
             return
         resumed = bool(request.token_ids)  # re-admitted after a preemption: the root is known
         token = request.token_ids[-1] if resumed else first
-        st = self.state
-        st.root_tokens[slot] = token
-        st.committed_len[slot] = L
-        st.accept_length[slot] = -1
-        st.accept_tokens[slot] = -1
-        st.draft_budget[slot] = request.budget
-        st.active[slot] = True
+        st = self.state  # `fill_`, not `x[slot] = v`: that copies v from a CPU tensor, a stream sync each on CUDA
+        st.root_tokens[slot].fill_(token)
+        st.committed_len[slot].fill_(L)
+        st.accept_length[slot].fill_(-1)
+        st.accept_tokens[slot].fill_(-1)
+        st.draft_budget[slot].fill_(request.budget)
+        st.active[slot].fill_(True)
         request.prefilled, request.committed, request.status = L, L, RUNNING
         self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = -1, [], token
         self._path_len[slot] = -1
@@ -549,12 +549,14 @@ class SpecEngine:
             self._emit(request, [token])
 
     def _set_sampling(self, slot: int, request: RequestState) -> None:
+        """The slot's sampling row (`fill_`: a kernel argument each, no stream sync; seen on the
+        H200 at 3659094, `x[slot] = v` synchronized once per field and request)."""
         params, sp = request.params, self.state.sampling
-        sp.temperature[slot] = float(params.temperature)
-        sp.top_k[slot] = int(params.top_k)
-        sp.top_p[slot] = float(params.top_p)
-        sp.min_p[slot] = float(params.min_p)
-        sp.seed[slot] = int(request.seed)
+        sp.temperature[slot].fill_(float(params.temperature))
+        sp.top_k[slot].fill_(int(params.top_k))
+        sp.top_p[slot].fill_(float(params.top_p))
+        sp.min_p[slot].fill_(float(params.min_p))
+        sp.seed[slot].fill_(int(request.seed))
 
     # ------------------------------------------------------------------ warm-up
     def _variants(self) -> tuple[str, ...]:
@@ -905,7 +907,7 @@ class SpecEngine:
         if slot is None or self.slots[slot] is not request:
             return
         self.slots[slot] = None  # `request.slot` keeps the number (finished requests report it)
-        self.state.active[slot] = False
+        self.state.active[slot].fill_(False)  # no stream sync (`_set_sampling`)
         self.runner.free(slot)
         self._backed[slot] = 0
         self.strategies.drafter.reset_slot(slot)

@@ -451,7 +451,7 @@ class HeadDrafter:
         self._check_slot(slot)
         if self._owns_cache:
             self.cache.free(slot)
-        self.live[slot] = False
+        self.live[slot].fill_(False)  # no stream sync (engine._set_sampling)
 
     # ------------------------------------------------------------------ device side
     def _ingest(self, state: StepState, slots: dict, live: torch.Tensor, kv_len: int) -> None:
