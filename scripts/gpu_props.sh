@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU property suites (hypothesis `gpu` profile: 500 examples per property, kernels
-# compiled for the GPU) in four named parts, each bounded by 8 minutes (tests not started by 7
+# compiled for the GPU) in five named parts, each bounded by 8 minutes (tests not started by 7
 # are skipped and counted) so one part fits one 10-minute command on the GPU machine (issue 19).
 # Only `tools` needs the SmolLM2 GGUF assembled (tests/test_smollm2.py loads it): the other
 # parts can run in the calls that carry its three parts (scripts/gpu_setup.sh).
 #
-#   bash scripts/gpu_props.sh kernels    # Triton kernels and sampling vs their references
+#   bash scripts/gpu_props.sh attention  # the attention kernels vs their references (test_attention.py:
+#                                        # its four slowest properties alone held 832 s of calls at 3659094)
+#   bash scripts/gpu_props.sh kernels    # the other Triton kernels and sampling vs their references
 #   bash scripts/gpu_props.sh drafters   # draft heads, checkpoints, tree policies, capture, TTT, the kit
 #   bash scripts/gpu_props.sh tools      # CLI, server, benches' smoke runs, training, SmolLM2, packaging
 #   bash scripts/gpu_props.sh engine     # every other test file (engine, step, scheduling, models, ...)
@@ -29,9 +31,10 @@ if [ $# -gt 1 ]; then  # several parts side by side on the one GPU (8 workers ea
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   exit $rc
 fi
-part="${1:?usage: gpu_props.sh kernels|drafters|tools|engine}"  # after the setup: it must not see this name
+part="${1:?usage: gpu_props.sh attention|kernels|drafters|tools|engine}"  # after the setup: it must not see this name
 cd "$root"
-kernels=(tests/test_attention.py tests/test_kv_cache.py tests/test_kv_relocate.py tests/test_kv_write.py
+attention=(tests/test_attention.py)
+kernels=(tests/test_kv_cache.py tests/test_kv_relocate.py tests/test_kv_write.py
          tests/test_tree_build.py tests/test_verify_greedy.py tests/test_verify_sampling.py tests/test_sample_rule.py
          tests/test_sampling_distribution.py tests/test_sampling_probs.py tests/test_typical_verifier.py
          tests/test_kernel_shapes.py tests/test_kernel_launch.py tests/test_rope_kv_write.py)
@@ -47,15 +50,16 @@ tools=(tests/test_cli.py tests/test_cli_startup.py tests/test_bench_smoke.py tes
        tests/test_packaging.py tests/test_many_decoders.py tests/test_kernels_compile_sm90.py tests/test_loader.py
        tests/test_corrupt_checkpoints.py tests/test_train_*.py)
 case "$part" in
+  attention) files=("${attention[@]}") ;;
   kernels) files=("${kernels[@]}") ;;
   drafters) files=("${drafters[@]}") ;;
   tools) files=("${tools[@]}") ;;
   engine)
     files=()
     for f in tests/test_*.py; do
-      [[ " ${kernels[*]} ${drafters[*]} ${tools[*]} " == *" $f "* ]] || files+=("$f")
+      [[ " ${attention[*]} ${kernels[*]} ${drafters[*]} ${tools[*]} " == *" $f "* ]] || files+=("$f")
     done ;;
-  *) echo "unknown part '$part'; allowed: kernels, drafters, tools, engine" >&2; exit 2 ;;
+  *) echo "unknown part '$part'; allowed: attention, kernels, drafters, tools, engine" >&2; exit 2 ;;
 esac
 if [ "$part" = tools ] && [[ "$setup" != *"GGUF ready"* ]]; then
   echo "gpu_props tools needs the SmolLM2 GGUF (tests/test_smollm2.py loads it); scripts/gpu_setup.sh says: $setup" >&2

@@ -50,7 +50,10 @@ def pytest_runtest_logreport(report) -> None:
     path = os.environ.get("SPECDEC_TEST_REPORT")
     if not path or (report.when != "call" and report.passed) or _IN_WORKER:
         return
-    row = dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome, seconds=round(report.duration, 2))
+    node = getattr(report, "node", None)  # xdist: the worker that ran it (a timeline per worker)
+    worker = getattr(getattr(node, "gateway", None), "id", None)
+    row = dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome, seconds=round(report.duration, 2),
+               worker=worker, end=round(time.time(), 2))
     if report.failed:
         row["error"] = str(report.longrepr)[-4000:]
     elif report.skipped:
