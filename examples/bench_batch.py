@@ -290,8 +290,9 @@ def profile_run(dec, batch, params, device, kind: str, rows: int) -> None:
 def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     """Output tok/s of one decoder kind at batch B on max(2B, --min-requests) prompts (warm-up not
     timed): the median of --repeats timed runs on the same warm decoder."""
-    base = SpecConfig(max_batch_size=B, max_seq_len=args.max_seq_len, compile=args.compile, cuda_graphs=args.cuda_graphs)
     kind, overlap = kind.removesuffix(OVERLAP), kind.endswith(OVERLAP)  # "fixed+overlap": overlapped steps
+    base = SpecConfig(max_batch_size=B, max_seq_len=args.max_seq_len, compile=args.compile, cuda_graphs=args.cuda_graphs,
+                      overlap=overlap)
     if kind == "target-only":
         config, draft = base.replace(drafter="none"), None
     else:
@@ -300,7 +301,6 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     pm = get_plugin_manager()
     pm.register(ForcedPlugin())
     dec = SpecDecoder.from_pretrained(target, draft, config, pm=pm)
-    dec.engine.overlap = overlap  # notes/OVERLAP.md
     batch = [prompts[i % len(prompts)] for i in range(max(2 * B, args.min_requests))]
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     device = next(target.model.parameters()).device

@@ -66,6 +66,7 @@ class SpecConfig:
     prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
     kv_lookahead_steps: int = 4  # KV blocks are reserved this many steps ahead of need
     adaptive: bool = False  # per step, speculate only when the measured cost model says it pays
+    overlap: bool = False  # launch each step before reading the last one's hand-off (notes/OVERLAP.md); experimental
     threads: int | str = "auto"  # CPU targets: torch threads; "auto" = the cores other work leaves idle (never more than torch's)
 
     def __post_init__(self) -> None:
@@ -95,8 +96,10 @@ class SpecConfig:
             if isinstance(self.threads, str):
                 raise ConfigError(f"threads={self.threads!r} is not allowed; allowed: 'auto' or an int in [1, 1024]")
             check_int("threads", self.threads, 1, 1024)
-        if not isinstance(self.adaptive, bool):
-            raise ConfigError(f"adaptive must be True or False, got {self.adaptive!r} ({type(self.adaptive).__name__})")
+        for name in ("adaptive", "overlap"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
         if self.graph_batch_sizes is not None:
             sizes = tuple(self.graph_batch_sizes) if isinstance(self.graph_batch_sizes, (tuple, list)) else None
             if not sizes:

@@ -213,11 +213,11 @@ class SpecEngine:
         self._handoff_hosts = [torch.zeros(B, N + 1, dtype=torch.int64, pin_memory=pin) for _ in range(2)]  # [B, N + 1]
         self._handoff_events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._next_buffer = 0
-        # Overlapped steps (notes/OVERLAP.md): launch step n + 1 before reading step n's hand-off,
-        # so the host's work around a step runs while the device computes the next. Opt-in; not
-        # with a host drafter (it drafts from step n's tokens). Requests that finish at step n
-        # run once more in n + 1 (their rows are dropped).
-        self.overlap = False
+        # Overlapped steps (`SpecConfig(overlap=True)`, notes/OVERLAP.md): launch step n + 1 before
+        # reading step n's hand-off, so the host's work around a step runs while the device
+        # computes the next. Opt-in; not with a host drafter (it drafts from step n's tokens).
+        # Requests that finish at step n run once more in n + 1 (their rows are dropped).
+        self.overlap = config.overlap  # may be switched between steps (the step in flight is drained)
         self._inflight: _Inflight | None = None  # the launched step whose hand-off is not read yet
         self._last_handoff = 0.0  # host time the last hand-off was read
         self.slots: list[RequestState | None] = [None] * B  # the request holding each slot
