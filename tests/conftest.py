@@ -67,3 +67,59 @@ def installed_example_plugin(tmp_path, monkeypatch):
     sys.modules.pop("specdec_top2", None)
     yield
     sys.modules.pop("specdec_top2", None)
+
+
+# ------------------------------------------------------------------ shared tiny checkpoints
+# Module-scoped, as the per-file fixtures they replace were: each module builds its own copy,
+# in the order its fixtures ask for them, so the global RNG (which building a checkpoint or a
+# head reseeds and draws from) is where it was. Nothing here is shared between modules.
+
+
+@pytest.fixture(scope="module")
+def tiny_llama3_with_hf(tmp_path_factory):
+    """(folder, transformers model) of a tiny random Llama: `_tiny_models` defaults (3 layers,
+    vocab 96, hidden 64), seed 0. The transformers model gives the reference outputs."""
+    from _tiny_models import make_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    return folder, make_checkpoint("llama", folder, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama8(tmp_path_factory) -> Path:
+    """Folder of a tiny random Llama checkpoint: 8 layers, seed 3 (`_tiny_models` defaults otherwise:
+    vocab 96, hidden 64). The engine suites' common target; load it with `specdec.load_target`."""
+    from _tiny_models import make_checkpoint
+
+    folder = tmp_path_factory.mktemp("llama8")
+    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bigram_llama(tmp_path_factory) -> Path:
+    """Folder of a bigram Llama (`make_bigram_checkpoint`, seed 1): the next token depends on the
+    current one only, so an oracle MTP head (`bigram_oracle_mtp()`) drafts it exactly."""
+    from _mtp_heads import make_bigram_checkpoint
+
+    folder = tmp_path_factory.mktemp("bigram")
+    make_bigram_checkpoint(folder, seed=1)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_eagle3_head(tmp_path_factory) -> Path:
+    """Folder of a random EAGLE-3 head for `tiny_llama8` (seed 1, capture layers (1, 3, 4), std 0.1)."""
+    from _eagle3_heads import saved_tiny_head
+
+    return saved_tiny_head(tmp_path_factory.mktemp("eagle3_head"), seed=1, capture_layers=(1, 3, 4), std=0.1)
+
+
+@pytest.fixture(scope="module")
+def train_target(tmp_path_factory):
+    """The train suites' loaded target (`_train_tiny.make_target`: tiny Llama, 8 layers, vocab 96,
+    seed 0), built on one intra-op thread."""
+    from _train_tiny import make_target, one_thread
+
+    with one_thread():
+        return make_target(tmp_path_factory.mktemp("train_target"))

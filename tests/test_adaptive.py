@@ -15,9 +15,7 @@ import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
 from specdec.adaptive import DecisionLog, StepCosts
 
-from _eagle3_heads import saved_tiny_head
-from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint, random_mtp  # noqa: F401
-from _tiny_models import make_checkpoint
+from _mtp_heads import bigram_oracle_mtp, e2e_cpu, random_mtp  # noqa: F401
 
 pytestmark = [
     pytest.mark.usefixtures("e2e_cpu"),
@@ -28,14 +26,8 @@ BASE = dict(max_batch_size=2, max_seq_len=112, kv_block_size=4)
 
 
 @pytest.fixture(scope="module")
-def targets(tmp_path_factory):
-    llama = tmp_path_factory.mktemp("llama8")
-    make_checkpoint("llama", llama, num_hidden_layers=8, seed=3)
-    bigram = tmp_path_factory.mktemp("bigram")
-    make_bigram_checkpoint(bigram, seed=1)
-    head = tmp_path_factory.mktemp("head")
-    saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.1)
-    return dict(llama=specdec.load_target(llama), bigram=specdec.load_target(bigram), head=head)
+def targets(tiny_llama8, bigram_llama, tiny_eagle3_head):
+    return dict(llama=specdec.load_target(tiny_llama8), bigram=specdec.load_target(bigram_llama), head=tiny_eagle3_head)
 
 
 def _run(dec, n=40):

@@ -20,7 +20,6 @@ from specdec import SamplingParams, SpecConfig, SpecDecoder
 
 from _eagle3_heads import saved_tiny_head
 from _mtp_heads import e2e_cpu, random_mtp  # noqa: F401  (e2e_cpu: a fixture)
-from _tiny_models import make_checkpoint
 
 pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
               pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")]
@@ -34,12 +33,10 @@ SETUPS = {
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("chunk_target")
-    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
+def models(tiny_llama8, tmp_path_factory):
     head = tmp_path_factory.mktemp("chunk_head")
     saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.3)
-    return dict(target=specdec.load_target(folder), eagle3=head, mtp=random_mtp(seed=0))
+    return dict(target=specdec.load_target(tiny_llama8), eagle3=head, mtp=random_mtp(seed=0))
 
 
 def _record(dec: SpecDecoder) -> dict[int, list]:
@@ -89,12 +86,12 @@ def _use_buckets(dec: SpecDecoder, max_len: int) -> list[list[tuple[int, int]]]:
     return ran
 
 
-def _run(world, name: str, chunk: int, batch: int = 3, bucket_len: int | None = None):
+def _run(models, name: str, chunk: int, batch: int = 3, bucket_len: int | None = None):
     """Greedy outputs of PROMPTS: (trees per slot, tokens, acceptance); with `batch` 1 the
     prompts run one after another (so each prefill is a one-slot chunk, what buckets take)."""
     head, cfg = SETUPS[name]
     config = SpecConfig(**cfg, max_batch_size=batch, max_seq_len=96, kv_block_size=4, prefill_chunk_size=chunk)
-    dec = SpecDecoder.from_pretrained(world["target"], world[head] if head else None, config)
+    dec = SpecDecoder.from_pretrained(models["target"], models[head] if head else None, config)
     ran = _use_buckets(dec, bucket_len) if bucket_len else []
     trees = _record(dec)
     results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=16, ignore_eos=True))
@@ -104,34 +101,34 @@ def _run(world, name: str, chunk: int, batch: int = 3, bucket_len: int | None = 
 
 
 @pytest.mark.parametrize("name", list(SETUPS))
-def test_chunked_prefill_leaves_the_drafter_proposing_the_same_trees(world, name):
-    trees, tokens, accepted = _run(world, name, 512)
+def test_chunked_prefill_leaves_the_drafter_proposing_the_same_trees(models, name):
+    trees, tokens, accepted = _run(models, name, 512)
     assert sorted(trees) == [0, 1, 2] and all(len(t) >= 4 for t in trees.values())
     assert len({tuple(tree[0]) for t in trees.values() for tree in t}) > 5  # real, varied drafts
     for chunk in (5, 1):
-        got = _run(world, name, chunk)
+        got = _run(models, name, chunk)
         assert got[1] == tokens and got[2] == accepted, f"chunk {chunk}: outputs or acceptance differ"
         assert got[0] == trees, f"chunk {chunk}: the drafter proposed other trees after a chunked prefill"
 
 
 @pytest.mark.parametrize("name", list(SETUPS))
-def test_prefill_padded_to_a_bucket_leaves_the_drafter_proposing_the_same_trees(world, name):
+def test_prefill_padded_to_a_bucket_leaves_the_drafter_proposing_the_same_trees(models, name):
     """Batch 1 (one prompt per prefill): buckets up to 16 take every prompt (13, 14 and 3
     tokens padded to 16); up to 8 only the 3-token one (the others prefill eagerly); with
     5-token chunks only each first chunk (the 3-token prompt padded to 5). Batch 3: the three
     prompts prefill together, padded to 3 rows x 16 tokens."""
     for batch, cases in ((1, ((512, 16), (512, 8), (5, 5))), (3, ((512, 16),))):
-        trees, tokens, accepted = _run(world, name, 512, batch=batch)
+        trees, tokens, accepted = _run(models, name, 512, batch=batch)
         for chunk, max_len in cases:
-            got = _run(world, name, chunk, batch=batch, bucket_len=max_len)
+            got = _run(models, name, chunk, batch=batch, bucket_len=max_len)
             where = f"batch {batch}, chunk {chunk}, buckets to {max_len}"
             assert got[1] == tokens and got[2] == accepted, f"{where}: outputs or acceptance differ"
             assert got[0] == trees, f"{where}: the drafter proposed other trees"
 
 
-def test_buckets_beyond_a_chunk_or_the_sequence_are_refused(world):
+def test_buckets_beyond_a_chunk_or_the_sequence_are_refused(models):
     config = SpecConfig(**SETUPS["eagle3-chain"][1], max_batch_size=1, max_seq_len=96, kv_block_size=4, prefill_chunk_size=32)
-    dec = SpecDecoder.from_pretrained(world["target"], world["eagle3"], config)
+    dec = SpecDecoder.from_pretrained(models["target"], models["eagle3"], config)
     with pytest.raises(ValueError, match=r"max_len=33 is out of range; allowed: \[1, 32\]"):
         dec.engine.runner.use_prefill_buckets(33, capture=False)  # the capture buffer holds one chunk
     with pytest.raises(ValueError, match=r"max_len=97 is out of range; allowed: \[1, max_seq_len=96\]"):

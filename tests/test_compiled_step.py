@@ -15,9 +15,7 @@ import torch
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
 
-from _eagle3_heads import saved_tiny_head
-from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint, random_mtp  # noqa: F401
-from _tiny_models import make_checkpoint
+from _mtp_heads import bigram_oracle_mtp, e2e_cpu, random_mtp  # noqa: F401
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -30,44 +28,23 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama8")
-    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def bigram(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bigram")
-    make_bigram_checkpoint(folder, seed=1)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def eagle3_head(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("eagle3")
-    saved_tiny_head(folder, seed=1, capture_layers=(1, 3, 4), std=0.1)
-    return folder
-
-
 BASE = dict(max_batch_size=3, max_seq_len=96, kv_block_size=4)
-SETUPS = {
-    "target-only": ("llama", None, dict(drafter="none")),
-    "eagle3-chain": ("llama", "eagle3", dict(drafter="eagle3", max_draft_len=3)),
-    "eagle3-tree": ("llama", "eagle3", dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
-    "mtp-oracle-chain": ("bigram", "mtp-oracle", dict(drafter="mtp", max_draft_len=4)),
-    "mtp-oracle-tree": ("bigram", "mtp-oracle", dict(drafter="mtp", tree="dynamic", topk=2, max_draft_len=3)),
-    "mtp-random-tree": ("llama", "mtp", dict(drafter="mtp", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
-    "ngram-tree": ("bigram", None, dict(drafter="ngram", tree="dynamic", topk=2, max_draft_len=4)),
-    "eagle3-speculative": ("llama", "eagle3", dict(drafter="eagle3", max_draft_len=3, verifier="speculative")),
+SETUPS = {  # name -> (target fixture, head, config)
+    "target-only": ("tiny_llama8", None, dict(drafter="none")),
+    "eagle3-chain": ("tiny_llama8", "eagle3", dict(drafter="eagle3", max_draft_len=3)),
+    "eagle3-tree": ("tiny_llama8", "eagle3", dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
+    "mtp-oracle-chain": ("bigram_llama", "mtp-oracle", dict(drafter="mtp", max_draft_len=4)),
+    "mtp-oracle-tree": ("bigram_llama", "mtp-oracle", dict(drafter="mtp", tree="dynamic", topk=2, max_draft_len=3)),
+    "mtp-random-tree": ("tiny_llama8", "mtp", dict(drafter="mtp", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
+    "ngram-tree": ("bigram_llama", None, dict(drafter="ngram", tree="dynamic", topk=2, max_draft_len=4)),
+    "eagle3-speculative": ("tiny_llama8", "eagle3", dict(drafter="eagle3", max_draft_len=3, verifier="speculative")),
 }
 
 
 def decoder(request, name: str, **knobs) -> SpecDecoder:
     target_name, head, cfg = SETUPS[name]
     target = specdec.load_target(request.getfixturevalue(target_name), device=DEVICE)
-    draft = {"eagle3": request.getfixturevalue("eagle3_head") if head == "eagle3" else None,
+    draft = {"eagle3": request.getfixturevalue("tiny_eagle3_head") if head == "eagle3" else None,
              "mtp": random_mtp(seed=0), "mtp-oracle": bigram_oracle_mtp(), None: None}[head]
     return SpecDecoder.from_pretrained(target, draft, SpecConfig(**{**BASE, **cfg, **knobs}))
 
@@ -121,8 +98,8 @@ def test_nothing_recompiles_after_warmup(request, tmp_path):
     from pathlib import Path
 
     script = _FRESH_PROCESS.format(
-        tests=str(Path(__file__).parent), llama=str(request.getfixturevalue("llama")),
-        head=str(request.getfixturevalue("eagle3_head")), device=DEVICE, graphs=CUDA,
+        tests=str(Path(__file__).parent), llama=str(request.getfixturevalue("tiny_llama8")),
+        head=str(request.getfixturevalue("tiny_eagle3_head")), device=DEVICE, graphs=CUDA,
     )
     env = {**__import__("os").environ, "TRITON_INTERPRET": "0"} if not CUDA else None
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, env=env)

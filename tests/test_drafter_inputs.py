@@ -19,9 +19,7 @@ import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
 from specdec.drafters.mtp_checkpoint import save_mtp
 
-from _eagle3_heads import saved_tiny_head
-from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint  # noqa: F401  (e2e_cpu: a fixture)
-from _tiny_models import make_checkpoint
+from _mtp_heads import bigram_oracle_mtp, e2e_cpu  # noqa: F401  (e2e_cpu: a fixture)
 
 pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
               pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing:UserWarning")]
@@ -36,17 +34,18 @@ SETUPS = {  # name -> (target, head, config)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def saved_setups(tiny_llama8, bigram_llama, tiny_eagle3_head, tmp_path_factory):
+    """The saved targets and heads by SETUPS name (the bigram target: drafts are accepted, long
+    paths; the EAGLE-3 head captures CAPTURE), and transformers' models of the two targets."""
     from transformers import AutoModelForCausalLM
 
-    root = tmp_path_factory.mktemp("fed")
-    make_checkpoint("llama", root / "llama", num_hidden_layers=8, seed=3)
-    make_bigram_checkpoint(root / "bigram", seed=1)  # drafts are accepted: long paths
-    saved_tiny_head(root / "eagle3", seed=1, capture_layers=CAPTURE, std=0.1)
-    save_mtp(bigram_oracle_mtp(), root / "mtp")
-    hf = {name: AutoModelForCausalLM.from_pretrained(str(root / name), dtype=torch.float32, attn_implementation="eager").eval()
+    assert CAPTURE == (1, 3, 4)  # the capture layers of `tiny_eagle3_head`
+    mtp = tmp_path_factory.mktemp("fed_mtp")
+    save_mtp(bigram_oracle_mtp(), mtp)
+    paths = dict(llama=tiny_llama8, bigram=bigram_llama, eagle3=tiny_eagle3_head, mtp=mtp)
+    hf = {name: AutoModelForCausalLM.from_pretrained(str(paths[name]), dtype=torch.float32, attn_implementation="eager").eval()
           for name in ("llama", "bigram")}
-    return dict(root=root, hf=hf)
+    return dict(paths=paths, hf=hf)
 
 
 def _record(dec: SpecDecoder) -> list:
@@ -69,15 +68,16 @@ def _record(dec: SpecDecoder) -> list:
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", list(SETUPS))
-def test_the_drafter_is_fed_the_target_states_along_the_accepted_path(world, name, sampled):
+def test_the_drafter_is_fed_the_target_states_along_the_accepted_path(saved_setups, name, sampled):
     target_name, head, cfg = SETUPS[name]
     config = SpecConfig(**cfg, verifier="target-only", max_batch_size=3, max_seq_len=96, kv_block_size=4)
-    dec = SpecDecoder.from_pretrained(specdec.load_target(world["root"] / target_name), world["root"] / head, config)
+    paths = saved_setups["paths"]
+    dec = SpecDecoder.from_pretrained(specdec.load_target(paths[target_name]), paths[head], config)
     fed = _record(dec)
     params = [SamplingParams(max_new_tokens=20, ignore_eos=True, **(dict(temperature=1.0, seed=i) if sampled else {}))
               for i in range(len(PROMPTS))]
     dec.generate(PROMPTS, params)
-    hf = world["hf"][target_name]
+    hf = saved_setups["hf"][target_name]
     assert len(fed) >= 6
     longest = 0
     for seq, committed, a, rows in fed:

@@ -31,7 +31,7 @@ B = 40
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def tiny_vocab_target_and_head(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_vocab")
     hf = make_checkpoint("llama", folder, seed=2, vocab_size=V, initializer_range=0.3)
     head = tmp_path_factory.mktemp("head")
@@ -72,12 +72,12 @@ CASES = [
 
 
 @pytest.mark.parametrize("verifier, shape, params", CASES, ids=["target-only-chain", "speculative-chain-top-p", "target-only-tree-top-k", "speculative-tree-min-p"])
-def test_sampled_eagle3_output_follows_the_target_distribution(world, verifier, shape, params):
+def test_sampled_eagle3_output_follows_the_target_distribution(tiny_vocab_target_and_head, verifier, shape, params):
     """n = 2000 draws of the first 3 tokens (64 outcomes). Bound, derived in `tv_bound`:
     0.5 * sum sqrt(p(1-p)/n) plus the McDiarmid term sqrt(ln(1e6)/(2n)) = 0.059; under 0.1
     here, false alarm < 1e-6. A verifier that skips rejection fails it (see
     test_verify_sampling.py / test_sampling_distribution.py for the op-level versions)."""
-    target, hf, head = world
+    target, hf, head = tiny_vocab_target_and_head
     config = SpecConfig(drafter="eagle3", verifier=verifier, max_batch_size=B, max_seq_len=32, kv_block_size=4, **shape)
     dec = SpecDecoder.from_pretrained(target, head, config, seed=7)
     params = SamplingParams(

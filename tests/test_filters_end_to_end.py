@@ -67,19 +67,19 @@ def test_the_built_in_lossless_sampling_verifiers_are_all_checked():
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def bigram_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("filters_target")
     hf = make_bigram_checkpoint(folder, seed=1, vocab_size=V, initializer_range=0.3)
     return dict(target=load_target(folder), hf=hf, runs={})
 
 
-def run(world, verifier: str):
+def run(bigram_runs, verifier: str):
     """{case: [token lists]} and the draft tokens accepted, generated once per verifier:
     every call mixes the cases as MIX does (the combined one needs more samples for its power)."""
-    if verifier not in world["runs"]:
+    if verifier not in bigram_runs["runs"]:
         config = SpecConfig(drafter="mtp", verifier=verifier, max_draft_len=2, max_batch_size=BATCH,
                             max_seq_len=16, kv_block_size=4)
-        dec = SpecDecoder.from_pretrained(world["target"], bigram_oracle_mtp(vocab_size=V), config, seed=1)
+        dec = SpecDecoder.from_pretrained(bigram_runs["target"], bigram_oracle_mtp(vocab_size=V), config, seed=1)
         names = [MIX[i % len(MIX)] for i in range(BATCH)]
         params = [SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, max_new_tokens=NEW, ignore_eos=True)
                   for t, k, p, m in (CASES[n] for n in names)]
@@ -89,8 +89,8 @@ def run(world, verifier: str):
                 assert out.stats.finish_reason == "length"
                 samples[names[i]].append(out.token_ids)
                 accepted += sum(out.stats.accepted_per_step)
-        world["runs"][verifier] = samples, accepted
-    return world["runs"][verifier]
+        bigram_runs["runs"][verifier] = samples, accepted
+    return bigram_runs["runs"][verifier]
 
 
 def next_logits(hf, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], list[float]]:
@@ -106,12 +106,12 @@ def next_logits(hf, prefixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], li
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("verifier", VERIFIERS)
-def test_no_token_the_filters_remove_is_ever_emitted(world, verifier, case):
-    samples, accepted = run(world, verifier)
+def test_no_token_the_filters_remove_is_ever_emitted(bigram_runs, verifier, case):
+    samples, accepted = run(bigram_runs, verifier)
     assert accepted > BATCH * CALLS / 2  # drafts were accepted: the acceptance path saw the filters too
     t, k, p, m = CASES[case]
     prefixes = sorted({tuple(s[:j]) for s in samples[case] for j in range(NEW)})
-    logits = next_logits(world["hf"], prefixes)
+    logits = next_logits(bigram_runs["hf"], prefixes)
     removed_mass = {f: 0.0 for f in ("top_k", "top_p", "min_p") if (k, p, m)[("top_k", "top_p", "min_p").index(f)] != OFF[f]}
     for s in samples[case]:
         for j in range(NEW):

@@ -58,7 +58,7 @@ def torch_references():
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def fuzz_decoders(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz_target")
     make_checkpoint("llama", folder, num_hidden_layers=4, max_position_embeddings=128)
     save_chat_tokenizer(folder)
@@ -75,9 +75,9 @@ def world(tmp_path_factory):
                 reference=reference, sampler=sampler)
 
 
-def still_usable(world, *decoders) -> None:
+def still_usable(fuzz_decoders, *decoders) -> None:
     for dec in decoders:
-        assert dec.generate([PROMPT], GREEDY)[0].token_ids == world["reference"]
+        assert dec.generate([PROMPT], GREEDY)[0].token_ids == fuzz_decoders["reference"]
 
 
 def check_results(results, prompts_len: int, params: SamplingParams) -> None:
@@ -153,11 +153,11 @@ def config_kwargs(draw, heads):
     return _spoil(draw, draw(valid_config_kwargs(heads)), SpecConfig, BAD_CONFIG_VALUES)
 
 
-def test_random_spec_configs_are_config_errors_or_decoders_whose_greedy_output_is_the_targets(world):
-    target = world["target"]
+def test_random_spec_configs_are_config_errors_or_decoders_whose_greedy_output_is_the_targets(fuzz_decoders):
+    target = fuzz_decoders["target"]
 
     @FUZZ
-    @given(kw=config_kwargs(world["heads"]))
+    @given(kw=config_kwargs(fuzz_decoders["heads"]))
     def case(kw):
         note(f"kwargs={kw}")
         try:
@@ -176,10 +176,10 @@ def test_random_spec_configs_are_config_errors_or_decoders_whose_greedy_output_i
             return
         check_results(out, 1, GREEDY)
         if dec.strategies.verifier_caps.lossless:
-            assert out[0].token_ids == world["reference"]
+            assert out[0].token_ids == fuzz_decoders["reference"]
 
     case()
-    still_usable(world, world["ref_dec"])
+    still_usable(fuzz_decoders, fuzz_decoders["ref_dec"])
 
 
 # --------------------------------------------------------------------------- sampling
@@ -205,8 +205,8 @@ def sampling_kwargs(draw):
     return _spoil(draw, kw, SamplingParams, BAD_SAMPLING)
 
 
-def test_random_sampling_params_are_config_errors_or_valid_samples(world):
-    dec = world["sampler"]
+def test_random_sampling_params_are_config_errors_or_valid_samples(fuzz_decoders):
+    dec = fuzz_decoders["sampler"]
 
     @FUZZ
     @given(kw=sampling_kwargs(), batch=st.integers(1, 3))
@@ -225,7 +225,7 @@ def test_random_sampling_params_are_config_errors_or_valid_samples(world):
             assert all(o.token_ids == out[0].token_ids for o in out)
 
     case()
-    still_usable(world, dec, world["ref_dec"])
+    still_usable(fuzz_decoders, dec, fuzz_decoders["ref_dec"])
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -245,8 +245,8 @@ PROMPTS = st.one_of(
 )
 
 
-def test_random_prompts_are_config_errors_naming_the_prompt_or_valid_results(world):
-    dec = world["ref_dec"]
+def test_random_prompts_are_config_errors_naming_the_prompt_or_valid_results(fuzz_decoders):
+    dec = fuzz_decoders["ref_dec"]
 
     @FUZZ
     @given(prompts=st.lists(PROMPTS, min_size=1, max_size=3), single=st.booleans())
@@ -264,7 +264,7 @@ def test_random_prompts_are_config_errors_naming_the_prompt_or_valid_results(wor
             check_results([o], 1, GREEDY)
 
     case()
-    still_usable(world, dec)
+    still_usable(fuzz_decoders, dec)
 
 
 # ------------------------------------------------------------------------------ heads
@@ -301,8 +301,8 @@ def _damage(folder: Path, kind: str, how: str, seed: int) -> str:
     return f"{how} {key}"
 
 
-def test_damaged_heads_are_config_errors_naming_the_head_or_decoders_that_stay_lossless(world):
-    target, heads = world["target"], world["heads"]
+def test_damaged_heads_are_config_errors_naming_the_head_or_decoders_that_stay_lossless(fuzz_decoders):
+    target, heads = fuzz_decoders["target"], fuzz_decoders["heads"]
 
     @FUZZ
     @given(kind=st.sampled_from(["eagle3", "mtp"]),
@@ -314,7 +314,7 @@ def test_damaged_heads_are_config_errors_naming_the_head_or_decoders_that_stay_l
             folder = Path(shutil.copytree(heads[kind], Path(tmp) / "head"))
             what = _damage(folder, kind, how, seed)
             note(f"{kind}: {what}")
-            config = world["base"].replace(drafter=kind)
+            config = fuzz_decoders["base"].replace(drafter=kind)
             try:
                 dec = SpecDecoder.from_pretrained(target, folder, config)
             except ConfigError as e:
@@ -323,7 +323,7 @@ def test_damaged_heads_are_config_errors_naming_the_head_or_decoders_that_stay_l
                 return
             with contextlib.suppress(ConfigError):  # a config value the decoder refuses per request
                 out = dec.generate([PROMPT], GREEDY)
-                assert out[0].token_ids == world["reference"]  # a head that loads is only ever slow, never wrong
+                assert out[0].token_ids == fuzz_decoders["reference"]  # a head that loads is only ever slow, never wrong
 
     case()
-    still_usable(world, world["ref_dec"])
+    still_usable(fuzz_decoders, fuzz_decoders["ref_dec"])

@@ -39,7 +39,7 @@ BOUNDARIES = range(128, 1025, 128)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def boundary_cases(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     root = tmp_path_factory.mktemp("long")
@@ -84,15 +84,15 @@ SETUPS = {
 
 
 @pytest.mark.parametrize("name", list(SETUPS))
-def test_greedy_output_is_exact_across_every_multiple_of_128(world, name):
+def test_greedy_output_is_exact_across_every_multiple_of_128(boundary_cases, name):
     cfg, head = SETUPS[name]
     config = SpecConfig(**cfg, max_batch_size=1, max_seq_len=1100, kv_block_size=16)
-    target = specdec.load_target(world["root"] / "llama")
+    target = specdec.load_target(boundary_cases["root"] / "llama")
     full = config.max_total_draft_tokens
     budgets = [None, 0, 1, full]  # the config's, none, the least, the whole tree (the limit)
     accepted = 0
-    for i, (prompt, truth) in enumerate(zip(world["prompts"], world["truth"])):
-        dec = SpecDecoder.from_pretrained(target, world["root"] / head if head else None, config)
+    for i, (prompt, truth) in enumerate(zip(boundary_cases["prompts"], boundary_cases["truth"])):
+        dec = SpecDecoder.from_pretrained(target, boundary_cases["root"] / head if head else None, config)
         if head is None:
             _oracle(dec, truth)
         result = dec.generate([prompt], SamplingParams(max_new_tokens=NEW, ignore_eos=True, num_draft_tokens=budgets[i % 4]))[0]

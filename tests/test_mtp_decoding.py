@@ -25,9 +25,8 @@ def spec(**kw) -> SpecConfig:
 
 
 @pytest.fixture(scope="module")
-def random_target(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    hf = make_checkpoint("llama", folder, seed=0)
+def random_target(tiny_llama3_with_hf):
+    folder, hf = tiny_llama3_with_hf
     refs = [hf_greedy(hf, p, NEW) for p in PROMPTS]
     return specdec.load_target(folder), refs
 

@@ -11,7 +11,6 @@ from specdec.decoder import SpecDecoder
 
 from _mtp_heads import e2e_cpu  # noqa: F401  (fixture)
 from _mtp_heads import hf_greedy, make_bigram_checkpoint
-from _tiny_models import make_checkpoint
 
 pytestmark = pytest.mark.usefixtures("e2e_cpu")
 
@@ -26,9 +25,8 @@ def spec(**kw) -> SpecConfig:
 
 
 @pytest.fixture(scope="module")
-def random_target(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    hf = make_checkpoint("llama", folder, seed=0)
+def random_target(tiny_llama3_with_hf):
+    folder, hf = tiny_llama3_with_hf
     return specdec.load_target(folder), [hf_greedy(hf, p, NEW) for p in PROMPTS]
 
 

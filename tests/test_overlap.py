@@ -19,7 +19,7 @@ import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
 
 from _eagle3_heads import saved_tiny_head
-from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint  # noqa: F401
+from _mtp_heads import bigram_oracle_mtp, e2e_cpu  # noqa: F401
 from _tiny_models import make_checkpoint
 
 pytestmark = [
@@ -42,22 +42,16 @@ SETUPS = {
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    llama = tmp_path_factory.mktemp("llama8")
-    make_checkpoint("llama", llama, num_hidden_layers=8, seed=3)
-    bigram = tmp_path_factory.mktemp("bigram")
-    make_bigram_checkpoint(bigram, seed=1)
-    head = tmp_path_factory.mktemp("head")
-    saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.1)
-    return dict(llama=specdec.load_target(llama), bigram=specdec.load_target(bigram), eagle3=head,
+def models(tiny_llama8, bigram_llama, tiny_eagle3_head):
+    return dict(llama=specdec.load_target(tiny_llama8), bigram=specdec.load_target(bigram_llama), eagle3=tiny_eagle3_head,
                 **{"mtp-oracle": bigram_oracle_mtp()})
 
 
-def decoder(world, name: str, overlap: bool, **knobs) -> SpecDecoder:
+def decoder(models, name: str, overlap: bool, **knobs) -> SpecDecoder:
     target, head, cfg = SETUPS[name]
-    dec = SpecDecoder.from_pretrained(world[target], None if head is None else world[head],
-                                      SpecConfig(**{**BASE, **cfg, **knobs}))
-    dec.engine.overlap = overlap
+    dec = SpecDecoder.from_pretrained(models[target], None if head is None else models[head],
+                                      SpecConfig(**{**BASE, **cfg, **knobs}, overlap=overlap))
+    assert dec.engine.overlap is overlap
     if dec.engine.adaptive:  # the same random choices in both runs
         coin = random.Random(5)
         dec.engine.adaptive_rule.choose = lambda bucket, running, plain: coin.random() < 0.5
@@ -103,9 +97,9 @@ class Trace:
 
 
 @pytest.mark.parametrize("name", [n for n in SETUPS if n != "ngram-host"])
-def test_overlapped_steps_give_the_same_tokens_and_do_overlap(world, name):
-    ref = run(decoder(world, name, overlap=False), LONG)
-    dec = decoder(world, name, overlap=True)
+def test_overlapped_steps_give_the_same_tokens_and_do_overlap(models, name):
+    ref = run(decoder(models, name, overlap=False), LONG)
+    dec = decoder(models, name, overlap=True)
     trace = Trace(dec.engine)
     assert run(dec, LONG) == ref
     launches = sum(kind == "launch" for kind, _ in trace.events)
@@ -115,26 +109,26 @@ def test_overlapped_steps_give_the_same_tokens_and_do_overlap(world, name):
 
 
 @pytest.mark.parametrize("name", ["eagle3-chain", "eagle3-tree"])
-def test_sampled_output_is_unchanged_draw_for_draw(world, name):
+def test_sampled_output_is_unchanged_draw_for_draw(models, name):
     params = dict(temperature=1.0, seed=11)
     cfg = dict(verifier="speculative" if name == "eagle3-tree" else "target-only")
-    ref = run(decoder(world, name, overlap=False, **cfg), **params)
-    assert run(decoder(world, name, overlap=True, **cfg), **params) == ref
+    ref = run(decoder(models, name, overlap=False, **cfg), **params)
+    assert run(decoder(models, name, overlap=True, **cfg), **params) == ref
 
 
-def test_stop_tokens_end_requests_mid_run_and_the_rows_after_are_dropped(world):
+def test_stop_tokens_end_requests_mid_run_and_the_rows_after_are_dropped(models):
     """Stop tokens chosen from the greedy output end requests at steps the host learns of one
     step late; what the overlapped step ran for them is dropped."""
-    ref_free = run(decoder(world, "eagle3-chain", overlap=False))
+    ref_free = run(decoder(models, "eagle3-chain", overlap=False))
     stops = sorted({out[len(out) // 2] for out in ref_free if len(out) > 4})[:3]
-    ref = run(decoder(world, "eagle3-chain", overlap=False), stop_token_ids=stops)
+    ref = run(decoder(models, "eagle3-chain", overlap=False), stop_token_ids=stops)
     assert any(len(a) < len(b) for a, b in zip(ref, ref_free))  # some requests did stop early
-    assert run(decoder(world, "eagle3-chain", overlap=True), stop_token_ids=stops) == ref
+    assert run(decoder(models, "eagle3-chain", overlap=True), stop_token_ids=stops) == ref
 
 
-def test_an_abort_while_a_step_is_in_flight_leaves_the_others_exact(world):
-    ref = run(decoder(world, "eagle3-chain", overlap=False))
-    dec = decoder(world, "eagle3-chain", overlap=True)
+def test_an_abort_while_a_step_is_in_flight_leaves_the_others_exact(models):
+    ref = run(decoder(models, "eagle3-chain", overlap=False))
+    dec = decoder(models, "eagle3-chain", overlap=True)
     engine = dec.engine
     requests = [engine.submit(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, LENGTHS)]
     for _ in range(4):
@@ -148,17 +142,17 @@ def test_an_abort_while_a_step_is_in_flight_leaves_the_others_exact(world):
         assert r.token_ids == want
 
 
-def test_a_host_drafter_does_not_overlap(world):
-    ref = run(decoder(world, "ngram-host", overlap=False))
-    dec = decoder(world, "ngram-host", overlap=True)
+def test_a_host_drafter_does_not_overlap(models):
+    ref = run(decoder(models, "ngram-host", overlap=False))
+    dec = decoder(models, "ngram-host", overlap=True)
     trace = Trace(dec.engine)
     assert run(dec) == ref
     assert trace.overlapped() == 0
 
 
-def test_overlap_switched_off_mid_run_drains_the_step_in_flight(world):
-    ref = run(decoder(world, "target-only", overlap=False))
-    dec = decoder(world, "target-only", overlap=True)
+def test_overlap_switched_off_mid_run_drains_the_step_in_flight(models):
+    ref = run(decoder(models, "target-only", overlap=False))
+    dec = decoder(models, "target-only", overlap=True)
     engine = dec.engine
     requests = [engine.submit(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, LENGTHS)]
     for _ in range(3):
@@ -169,13 +163,13 @@ def test_overlap_switched_off_mid_run_drains_the_step_in_flight(world):
     assert engine._inflight is None and [r.token_ids for r in requests] == ref
 
 
-def test_each_decision_reaches_the_observer_with_its_own_steps_outcome(world):
+def test_each_decision_reaches_the_observer_with_its_own_steps_outcome(models):
     """With overlap the rule has chosen step n + 1 when step n's hand-off is read: the observer
     still gets step n's decision (`AdaptiveRule.done`), with step n's tokens."""
     from specdec.adaptive import DecisionLog
 
     target, head, cfg = SETUPS["eagle3-adaptive"]
-    dec = SpecDecoder.from_pretrained(world[target], world[head], SpecConfig(**{**BASE, **cfg}))
+    dec = SpecDecoder.from_pretrained(models[target], models[head], SpecConfig(**{**BASE, **cfg}))
     dec.engine.overlap = True
     dec.warmup(progress=False)  # the cost model's step times
     log, seen = DecisionLog(), []
@@ -224,3 +218,14 @@ def test_overlapped_steps_from_cuda_graphs_give_the_replayed_tokens(tmp_path):
             dec.warmup(progress=False)
             outs.append(run(dec, LONG))
         assert outs[0] == outs[1], drafter
+
+
+def test_overlap_is_a_config_setting_checked_like_any_other():
+    from specdec.cli import build_parser
+    from specdec.config import ConfigError
+
+    assert SpecConfig().overlap is False and SpecConfig(overlap=True).overlap is True
+    with pytest.raises(ConfigError, match=r"overlap must be True or False, got 1 \(int\)"):
+        SpecConfig(overlap=1)
+    flags = build_parser().parse_args(["generate", "--target", "t", "--overlap", "hi"])
+    assert flags.cfg_overlap is True

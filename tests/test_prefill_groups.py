@@ -25,7 +25,7 @@ PROMPTS = [[3, 14, 15, 92, 65, 35, 89], [9] * 9 + [40, 9, 9, 40, 9, 7, 7, 8, 21,
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("group_target")
     make_checkpoint("llama", folder, num_hidden_layers=4, seed=5)
     head = tmp_path_factory.mktemp("group_head")
@@ -33,10 +33,10 @@ def world(tmp_path_factory):
     return dict(target=specdec.load_target(folder), eagle3=head, mtp=random_mtp(seed=0), none=None)
 
 
-def _decoder(world, drafter: str, grouped: bool, **cfg) -> tuple[SpecDecoder, list]:
+def _decoder(models, drafter: str, grouped: bool, **cfg) -> tuple[SpecDecoder, list]:
     config = SpecConfig(**{**dict(drafter=drafter, max_draft_len=3, max_batch_size=4, max_seq_len=96, kv_block_size=4,
                                   prefill_chunk_size=24), **cfg})
-    dec = SpecDecoder.from_pretrained(world["target"], world[drafter], config)
+    dec = SpecDecoder.from_pretrained(models["target"], models[drafter], config)
     engine, groups = dec.engine, []
     inner_group = engine._prefill_group
 
@@ -55,25 +55,25 @@ def _generate(dec, params):
 
 
 @pytest.mark.parametrize("drafter", ["none", "eagle3", "mtp"])
-def test_grouped_prefill_gives_what_one_forward_per_request_gives(world, drafter):
+def test_grouped_prefill_gives_what_one_forward_per_request_gives(models, drafter):
     greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
-    alone, alone_groups = _decoder(world, drafter, grouped=False)
-    together, groups = _decoder(world, drafter, grouped=True)
+    alone, alone_groups = _decoder(models, drafter, grouped=False)
+    together, groups = _decoder(models, drafter, grouped=True)
     assert _generate(together, greedy) == _generate(alone, greedy)
     assert max(groups) >= 3 and set(alone_groups) == {1}  # prompts of 2-30 tokens, 24 padded tokens a forward
 
 
-def test_seeded_sampling_draws_the_same_first_token_in_a_group(world):
+def test_seeded_sampling_draws_the_same_first_token_in_a_group(models):
     params = [SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.95, seed=1000 + i, ignore_eos=True)
               for i in range(len(PROMPTS))]
-    alone, _ = _decoder(world, "eagle3", grouped=False, verifier="speculative")
-    together, groups = _decoder(world, "eagle3", grouped=True, verifier="speculative")
+    alone, _ = _decoder(models, "eagle3", grouped=False, verifier="speculative")
+    together, groups = _decoder(models, "eagle3", grouped=True, verifier="speculative")
     assert [r.token_ids for r in together.generate(PROMPTS, params)] == [r.token_ids for r in alone.generate(PROMPTS, params)]
     assert max(groups) >= 3
 
 
-def test_groups_fit_the_chunk_budget_padded_and_take_the_oldest_first(world):
-    dec, _ = _decoder(world, "eagle3", grouped=True)
+def test_groups_fit_the_chunk_budget_padded_and_take_the_oldest_first(models):
+    dec, _ = _decoder(models, "eagle3", grouped=True)
     engine, shapes = dec.engine, []
     inner = engine.runner.prefill_many
 
@@ -89,7 +89,7 @@ def test_groups_fit_the_chunk_budget_padded_and_take_the_oldest_first(world):
     assert shapes[0] == (3, 7, [0, 2, 3])
 
 
-def test_with_prefill_buckets_a_group_of_fresh_prompts_fits_one_bucket(world):
+def test_with_prefill_buckets_a_group_of_fresh_prompts_fits_one_bucket(models):
     """With padded (rows, length) prefill buckets (graphs on; here run without capture) a group
     must also fit a bucket, or its forward runs eagerly. Chunk budget 64: buckets rows 1, 2, 4
     x lengths 16, 32, 64 within 64 tokens. Prompts 7, 19, 2, 6: by tokens alone 7, 19 and 2
@@ -97,8 +97,8 @@ def test_with_prefill_buckets_a_group_of_fresh_prompts_fits_one_bucket(world):
     go together (2 x 32), then 2 and 6 (2 x 16). The tokens stay those of one forward per request."""
     from specdec.engine import use_prefill_buckets
 
-    reference, _ = _decoder(world, "eagle3", grouped=False, prefill_chunk_size=64)
-    dec, _ = _decoder(world, "eagle3", grouped=True, prefill_chunk_size=64)
+    reference, _ = _decoder(models, "eagle3", grouped=False, prefill_chunk_size=64)
+    dec, _ = _decoder(models, "eagle3", grouped=True, prefill_chunk_size=64)
     engine = dec.engine
     use_prefill_buckets(engine.runner, engine.strategies.drafter, engine.config, capture=False)
     buckets, groups = engine.runner.prefill_buckets, []
@@ -116,9 +116,9 @@ def test_with_prefill_buckets_a_group_of_fresh_prompts_fits_one_bucket(world):
     assert buckets.bucket(3, 19) is None  # the group by tokens alone
 
 
-def test_a_failing_group_forward_is_retried_request_by_request(world):
-    reference, _ = _decoder(world, "eagle3", grouped=False)
-    dec, _ = _decoder(world, "eagle3", grouped=True)
+def test_a_failing_group_forward_is_retried_request_by_request(models):
+    reference, _ = _decoder(models, "eagle3", grouped=False)
+    dec, _ = _decoder(models, "eagle3", grouped=True)
     inner, calls = dec.engine.runner.prefill_many, []
 
     def flaky(slots, chunks, starts):
@@ -136,13 +136,13 @@ def test_a_failing_group_forward_is_retried_request_by_request(world):
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "mtp"])
-def test_the_drafter_ingests_a_group_as_it_ingests_each_chunk(world, drafter):
+def test_the_drafter_ingests_a_group_as_it_ingests_each_chunk(models, drafter):
     """`HeadDrafter.prefill_many` (one padded forward) leaves each slot's context state and
     root logits where `prefill` slot by slot leaves them (chunks at 0 and past 0)."""
     import torch
 
-    grouped, _ = _decoder(world, drafter, grouped=True)
-    single, _ = _decoder(world, drafter, grouped=True)
+    grouped, _ = _decoder(models, drafter, grouped=True)
+    single, _ = _decoder(models, drafter, grouped=True)
     width = grouped.strategies.drafter.hidden_width
     gen = torch.Generator().manual_seed(0)
     chunks = [(0, 0, 7), (1, 4, 3), (2, 0, 12)]  # (slot, start, tokens)
@@ -184,19 +184,19 @@ def _iteration_log(engine):
 
 
 @pytest.mark.parametrize("drafter", ["none", "eagle3"])
-def test_prefill_goes_on_while_fewer_requests_run_than_wait_then_one_forward_per_step(world, drafter):
+def test_prefill_goes_on_while_fewer_requests_run_than_wait_then_one_forward_per_step(models, drafter):
     """Prompts of 13 tokens, one per forward (2 x 13 > 24): a batch of 8 fresh requests
     prefills until as many run as wait (4 and 4) before its first step, not one forward per
     step with 1, 2, 3 ... running; from then on one forward per iteration, so running
     requests wait at most one chunk. Greedy output is what it was."""
     prompts = [[5 + i] + list(range(20, 32)) for i in range(8)]
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    dec, _ = _decoder(world, drafter, grouped=True, max_batch_size=8)
+    dec, _ = _decoder(models, drafter, grouped=True, max_batch_size=8)
     engine = dec.engine
     for p in prompts:
         engine.submit(p, params)
     log = _iteration_log(engine)
     assert log[0] == (4, 4, 4)
     assert all(forwards <= 1 for _, _, forwards in log[1:]), log
-    alone, _ = _decoder(world, drafter, grouped=False, max_batch_size=8)
+    alone, _ = _decoder(models, drafter, grouped=False, max_batch_size=8)
     assert [r.token_ids for r in dec.generate(prompts, params)] == [r.token_ids for r in alone.generate(prompts, params)]

@@ -13,9 +13,7 @@ import torch
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
 
-from _eagle3_heads import saved_tiny_head
 from _mtp_heads import e2e_cpu  # noqa: F401  (fixture)
-from _tiny_models import make_checkpoint
 
 pytestmark = [
     pytest.mark.usefixtures("e2e_cpu"),
@@ -25,12 +23,9 @@ BASE = dict(drafter="eagle3", max_draft_len=3, max_batch_size=4, max_seq_len=96,
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama8")
-    make_checkpoint("llama", folder, num_hidden_layers=8, seed=3)
-    head = tmp_path_factory.mktemp("head")
-    saved_tiny_head(head, seed=1, capture_layers=(1, 3, 4), std=0.1)
-    target = specdec.load_target(folder)
+def solo_runs(tiny_llama8, tiny_eagle3_head):
+    head = tiny_eagle3_head
+    target = specdec.load_target(tiny_llama8)
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 96, (int(n),), generator=gen).tolist() for n in torch.randint(1, 30, (40,), generator=gen)]
     lengths = [int(n) for n in torch.randint(2, 24, (40,), generator=gen)]
@@ -46,8 +41,8 @@ def _greedy(n: int, **kw) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, ignore_eos=True, **kw)
 
 
-def _decoder(world, **kw) -> SpecDecoder:
-    return SpecDecoder.from_pretrained(world["target"], world["head"], SpecConfig(**{**BASE, **kw}))
+def _decoder(solo_runs, **kw) -> SpecDecoder:
+    return SpecDecoder.from_pretrained(solo_runs["target"], solo_runs["head"], SpecConfig(**{**BASE, **kw}))
 
 
 def _all_blocks_free(dec: SpecDecoder) -> bool:
@@ -55,30 +50,30 @@ def _all_blocks_free(dec: SpecDecoder) -> bool:
     return cache.num_free_blocks == cache.num_blocks and not dec.engine.has_work()
 
 
-def test_forty_prompts_through_four_slots_equal_their_solo_runs_in_input_order(world):
-    dec = _decoder(world)
-    results = dec.generate(world["prompts"], [_greedy(n) for n in world["lengths"]], progress=False)
-    assert [r.token_ids for r in results] == world["solo"]
+def test_forty_prompts_through_four_slots_equal_their_solo_runs_in_input_order(solo_runs):
+    dec = _decoder(solo_runs)
+    results = dec.generate(solo_runs["prompts"], [_greedy(n) for n in solo_runs["lengths"]], progress=False)
+    assert [r.token_ids for r in results] == solo_runs["solo"]
     assert all(r.stats.finish_reason == "length" for r in results)
     assert _all_blocks_free(dec)
 
 
-def test_a_request_added_mid_flight_changes_nobody_elses_tokens(world):
-    dec = _decoder(world)
+def test_a_request_added_mid_flight_changes_nobody_elses_tokens(solo_runs):
+    dec = _decoder(solo_runs)
     engine = dec.engine
-    first = [engine.submit(p, _greedy(n)) for p, n in zip(world["prompts"][:3], world["lengths"][:3])]
+    first = [engine.submit(p, _greedy(n)) for p, n in zip(solo_runs["prompts"][:3], solo_runs["lengths"][:3])]
     for _ in range(3):
         engine.run_iteration()
-    late = engine.submit(world["prompts"][3], _greedy(world["lengths"][3]))
+    late = engine.submit(solo_runs["prompts"][3], _greedy(solo_runs["lengths"][3]))
     while engine.has_work():
         engine.run_iteration()
-    assert [r.token_ids for r in first + [late]] == world["solo"][:4]
+    assert [r.token_ids for r in first + [late]] == solo_runs["solo"][:4]
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-def test_stream_yields_exactly_what_generate_returns(world, sampled):
-    dec = _decoder(world, verifier="target-only")
-    prompts, lengths = world["prompts"][:6], world["lengths"][:6]
+def test_stream_yields_exactly_what_generate_returns(solo_runs, sampled):
+    dec = _decoder(solo_runs, verifier="target-only")
+    prompts, lengths = solo_runs["prompts"][:6], solo_runs["lengths"][:6]
     params = [_greedy(n, **(dict(temperature=1.0, top_k=8, seed=100 + i) if sampled else {})) for i, n in enumerate(lengths)]
     results = dec.generate(prompts, params)
     expect = [r.token_ids for r in results]
@@ -98,21 +93,21 @@ def test_stream_yields_exactly_what_generate_returns(world, sampled):
     assert _all_blocks_free(dec)
 
 
-def test_closing_a_stream_early_aborts_its_requests_and_frees_everything(world):
-    dec = _decoder(world)
-    stream = dec.stream(world["prompts"][:6], _greedy(20))
+def test_closing_a_stream_early_aborts_its_requests_and_frees_everything(solo_runs):
+    dec = _decoder(solo_runs)
+    stream = dec.stream(solo_runs["prompts"][:6], _greedy(20))
     next(stream)
     stream.close()
     assert _all_blocks_free(dec)
-    assert dec.generate([world["prompts"][0]], _greedy(world["lengths"][0]))[0].token_ids == world["solo"][0]
+    assert dec.generate([solo_runs["prompts"][0]], _greedy(solo_runs["lengths"][0]))[0].token_ids == solo_runs["solo"][0]
 
 
-def test_per_request_budgets_of_zero_two_and_five_each_give_the_target_only_output(world):
-    dec = _decoder(world, max_draft_len=5)
-    prompts, lengths = world["prompts"][:6], world["lengths"][:6]
+def test_per_request_budgets_of_zero_two_and_five_each_give_the_target_only_output(solo_runs):
+    dec = _decoder(solo_runs, max_draft_len=5)
+    prompts, lengths = solo_runs["prompts"][:6], solo_runs["lengths"][:6]
     budgets = [0, 2, 5, None, 0, 2]
     results = dec.generate(prompts, [_greedy(n, num_draft_tokens=k) for n, k in zip(lengths, budgets)])
-    assert [r.token_ids for r in results] == world["solo"][:6]
+    assert [r.token_ids for r in results] == solo_runs["solo"][:6]
     for r, k in zip(results, budgets):
         full = 5 if k is None else k
         assert all(a <= full for a in r.stats.accepted_per_step)
@@ -124,8 +119,8 @@ class Boom(RuntimeError):
     pass
 
 
-def test_a_plugin_failing_mid_batch_fails_that_step_only_and_the_decoder_keeps_working(world):
-    dec = _decoder(world)
+def test_a_plugin_failing_mid_batch_fails_that_step_only_and_the_decoder_keeps_working(solo_runs):
+    dec = _decoder(solo_runs)
     drafter = dec.strategies.drafter
     calls = {"n": 0}
     real = drafter.propose
@@ -139,26 +134,27 @@ def test_a_plugin_failing_mid_batch_fails_that_step_only_and_the_decoder_keeps_w
     drafter.propose = flaky
     try:
         with pytest.warns(UserWarning, match=r"request\(s\) failed: .*Boom: planted failure"):
-            results = dec.generate(world["prompts"][:6], [_greedy(n) for n in world["lengths"][:6]])
+            results = dec.generate(solo_runs["prompts"][:6], [_greedy(n) for n in solo_runs["lengths"][:6]])
     finally:
         drafter.propose = real
     reasons = [r.stats.finish_reason for r in results]
     assert "error" in reasons and all(x in ("error", "length") for x in reasons)
-    for r, solo in zip(results, world["solo"]):
+    for r, solo in zip(results, solo_runs["solo"]):
         assert r.token_ids == solo[: len(r.token_ids)]  # what a failed request got so far stays exact
         if r.stats.finish_reason == "error":
             assert "Boom: planted failure in propose" in r.stats.error
         else:
             assert r.token_ids == solo
     assert _all_blocks_free(dec)
-    assert [r.token_ids for r in dec.generate(world["prompts"][:4], [_greedy(n) for n in world["lengths"][:4]])] == world["solo"][:4]
+    out = dec.generate(solo_runs["prompts"][:4], [_greedy(n) for n in solo_runs["lengths"][:4]])
+    assert [r.token_ids for r in out] == solo_runs["solo"][:4]
 
 
-def test_a_failing_prefill_fails_only_its_request(world):
-    dec = _decoder(world)
+def test_a_failing_prefill_fails_only_its_request(solo_runs):
+    dec = _decoder(solo_runs)
     drafter = dec.strategies.drafter
     real = drafter.prefill
-    bad = world["prompts"][2]
+    bad = solo_runs["prompts"][2]
 
     def is_bad(next_tokens):
         return next_tokens.shape[0] == len(bad) and next_tokens[:-1].tolist() == bad[1:]
@@ -179,18 +175,18 @@ def test_a_failing_prefill_fails_only_its_request(world):
         drafter.prefill_many = picky_group
     try:
         with pytest.warns(UserWarning, match=r"prompt 2: Boom: this prompt's prefill fails"):
-            results = dec.generate(world["prompts"][:5], [_greedy(n) for n in world["lengths"][:5]])
+            results = dec.generate(solo_runs["prompts"][:5], [_greedy(n) for n in solo_runs["lengths"][:5]])
     finally:
         drafter.prefill = real
         if real_group is not None:
             drafter.prefill_many = real_group
     assert [r.stats.finish_reason for r in results] == ["length", "length", "error", "length", "length"]
-    assert [r.token_ids for i, r in enumerate(results) if i != 2] == [s for i, s in enumerate(world["solo"][:5]) if i != 2]
+    assert [r.token_ids for i, r in enumerate(results) if i != 2] == [s for i, s in enumerate(solo_runs["solo"][:5]) if i != 2]
     assert _all_blocks_free(dec)
 
 
-def test_an_interrupt_mid_generation_releases_everything_and_the_next_call_works(world):
-    dec = _decoder(world)
+def test_an_interrupt_mid_generation_releases_everything_and_the_next_call_works(solo_runs):
+    dec = _decoder(solo_runs)
 
     class Interrupt:
         steps = 0
@@ -203,25 +199,26 @@ def test_an_interrupt_mid_generation_releases_everything_and_the_next_call_works
     observer = Interrupt()
     dec.add_observer(observer)
     with pytest.raises(KeyboardInterrupt):
-        dec.generate(world["prompts"][:8], [_greedy(n) for n in world["lengths"][:8]])
+        dec.generate(solo_runs["prompts"][:8], [_greedy(n) for n in solo_runs["lengths"][:8]])
     dec.engine.observers.remove(observer)
     assert _all_blocks_free(dec) and dec.engine.free_slots() == [0, 1, 2, 3]
-    assert [r.token_ids for r in dec.generate(world["prompts"][:8], [_greedy(n) for n in world["lengths"][:8]])] == world["solo"][:8]
+    out = dec.generate(solo_runs["prompts"][:8], [_greedy(n) for n in solo_runs["lengths"][:8]])
+    assert [r.token_ids for r in out] == solo_runs["solo"][:8]
 
 
-def test_an_undersized_kv_pool_preempts_and_every_request_still_gets_its_solo_output(world):
+def test_an_undersized_kv_pool_preempts_and_every_request_still_gets_its_solo_output(solo_runs):
     # 4 slots but blocks for ~1.5 long requests: admission waits and running requests get preempted
-    dec = _decoder(world, num_kv_blocks=14)
-    prompts = [p for p in world["prompts"] if len(p) > 12][:8]
-    idx = [world["prompts"].index(p) for p in prompts]
-    results = dec.generate(prompts, [_greedy(world["lengths"][i]) for i in idx])
-    assert [r.token_ids for r in results] == [world["solo"][i] for i in idx]
+    dec = _decoder(solo_runs, num_kv_blocks=14)
+    prompts = [p for p in solo_runs["prompts"] if len(p) > 12][:8]
+    idx = [solo_runs["prompts"].index(p) for p in prompts]
+    results = dec.generate(prompts, [_greedy(solo_runs["lengths"][i]) for i in idx])
+    assert [r.token_ids for r in results] == [solo_runs["solo"][i] for i in idx]
     assert sum(r.stats.preemptions for r in results) > 0
     assert _all_blocks_free(dec)
 
 
-def test_a_request_larger_than_the_whole_pool_is_refused_before_any_work(world):
-    dec = _decoder(world, num_kv_blocks=4)
+def test_a_request_larger_than_the_whole_pool_is_refused_before_any_work(solo_runs):
+    dec = _decoder(solo_runs, num_kv_blocks=4)
     with pytest.raises(specdec.ConfigError, match=r"prompt 1: the request needs \d+ KV positions but the whole pool holds 16"):
         dec.generate([[1, 2], [3] * 20], _greedy(8))
     assert _all_blocks_free(dec)

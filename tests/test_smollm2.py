@@ -10,6 +10,7 @@ from _tiny_models import DEVICE, run_decode, run_prefill, spec_config
 
 from specdec.models import convert_gguf, load_target, smollm2_gguf_path
 
+pytestmark = pytest.mark.slow  # the real 135M model: `pytest -m "not slow"` leaves this file out
 PROMPTS = [
     "What is the capital of France?",
     "Write a short poem about the sea.",

@@ -23,7 +23,7 @@ CONFIG = SpecConfig(drafter="eagle3", tree="dynamic", topk=2, max_draft_len=3, m
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def chat_setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     make_checkpoint("llama", folder, num_hidden_layers=4, seed=3)
     save_chat_tokenizer(folder)
@@ -40,9 +40,9 @@ class Recorder:
         self.seen.append((engine.step_times.steps, engine.step_times.split_steps, engine.last_step_seconds))
 
 
-def test_steps_are_counted_and_phase_timing_splits_them_without_changing_the_output(world):
+def test_steps_are_counted_and_phase_timing_splits_them_without_changing_the_output(chat_setup):
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)
-    dec = SpecDecoder.from_pretrained(world["target"], world["head"], CONFIG)
+    dec = SpecDecoder.from_pretrained(chat_setup["target"], chat_setup["head"], CONFIG)
     plain = [r.token_ids for r in dec.generate(PROMPTS, params)]
     times = dec.step_times
     assert times.steps >= 10 and times.split_steps == 0 and times.seconds > 0
@@ -66,8 +66,9 @@ def test_steps_are_counted_and_phase_timing_splits_them_without_changing_the_out
     assert times.steps > steps and times.split_steps == split  # off again: counted, not split
 
 
-def test_the_command_line_prints_the_split(world, capsys):
-    code = main(["generate", "--target", str(world["folder"]), "--draft", str(world["head"]), "--raw", "--device", "cpu",
+def test_the_command_line_prints_the_split(chat_setup, capsys):
+    code = main(["generate", "--target", str(chat_setup["folder"]), "--draft", str(chat_setup["head"]), "--raw",
+                 "--device", "cpu",
                  "--max-new-tokens", "6", "--ignore-eos", "--time-phases", "--no-stream", "--max-draft-len", "3",
                  "--max-seq-len", "64", "--kv-block-size", "4", "w1 w2"])
     err = capsys.readouterr().err
@@ -76,13 +77,13 @@ def test_the_command_line_prints_the_split(world, capsys):
     assert "ms/step" in line and "draft" in line and "verify" in line and "rest" in line
 
 
-def test_each_steps_host_timeline_adds_up_to_its_time_per_bucket(world):
+def test_each_steps_host_timeline_adds_up_to_its_time_per_bucket(chat_setup):
     """`StepTimes.host_split`: per (bucket, variant), the step's time split into before the
     launch / the launch / beside the device / the wait / after the hand-off (`HOST_PARTS`),
     every part >= 0, their sum the bucket's step seconds."""
     from specdec.step_timing import HOST_PARTS, StepTimes
 
-    dec = SpecDecoder.from_pretrained(world["target"], world["head"], CONFIG.replace(adaptive=True))
+    dec = SpecDecoder.from_pretrained(chat_setup["target"], chat_setup["head"], CONFIG.replace(adaptive=True))
     dec.warmup(progress=False)
     dec.generate(PROMPTS, SamplingParams(max_new_tokens=12, ignore_eos=True))
     times = dec.engine.step_times

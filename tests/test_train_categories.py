@@ -15,7 +15,7 @@ from specdec.train.trainer import (
 )
 from specdec.train.ttt import estimated_accept_length
 
-from _train_tiny import VOCAB, make_target, one_thread, reference_ops
+from _train_tiny import VOCAB, one_thread, reference_ops
 
 KINDS = ("code", "general-chat", "math")  # code -> code-long-context
 CATS = ("code-long-context", "general-chat", "math")
@@ -32,12 +32,7 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("target"))
-
-
-@pytest.fixture(scope="module")
-def data(target):
+def data(train_target):
     """24 random sequences (prompt 4..15 + response 8 tokens) labelled with three kinds in turn:
     the teacher is the target's forward, so the tokens need not be its own answers (no generation, fast)."""
     gen = torch.Generator().manual_seed(0)
@@ -94,9 +89,9 @@ def test_validation_batches_hold_one_category_each(data):
 
 
 # --------------------------------------------------------------------------- the loop
-def test_the_log_reports_validation_per_category(target, data, tmp_path):
+def test_the_log_reports_validation_per_category(train_target, data, tmp_path):
     log = tmp_path / "log.jsonl"
-    result = train_eagle3(target, data, TrainConfig(max_steps=4, **TINY), work_dir=tmp_path, log_path=log, progress=False)
+    result = train_eagle3(train_target, data, TrainConfig(max_steps=4, **TINY), work_dir=tmp_path, log_path=log, progress=False)
     val = [r for r in read_log(log) if r["kind"] == "val"]
     assert [r["step"] for r in val] == [2, 4]
     for r in val:
@@ -111,15 +106,15 @@ def test_the_log_reports_validation_per_category(target, data, tmp_path):
     assert len(fig.axes) == 4
 
 
-def test_early_stopping_ends_a_plateau_and_stays_ended_on_resume(target, data, tmp_path):
+def test_early_stopping_ends_a_plateau_and_stays_ended_on_resume(train_target, data, tmp_path):
     cfg = TrainConfig(max_steps=40, early_stop_patience=2, **{**TINY, "lr": 1e-12, "val_every": 1})  # nothing moves
     log = tmp_path / "log.jsonl"
-    result = train_eagle3(target, data, cfg, work_dir=tmp_path, log_path=log, progress=False)
+    result = train_eagle3(train_target, data, cfg, work_dir=tmp_path, log_path=log, progress=False)
     assert result.plateaued and not result.stopped_early
     assert result.steps == 3  # best at the first evaluation, then 2 without improvement
     records = read_log(log)
     assert [r["step"] for r in records if r["kind"] == "early_stop"] == [3]
-    again = train_eagle3(target, data, cfg, work_dir=tmp_path, log_path=log, progress=False)
+    again = train_eagle3(train_target, data, cfg, work_dir=tmp_path, log_path=log, progress=False)
     assert again.steps == 3 and again.plateaued  # a resumed plateau does not train on
 
 

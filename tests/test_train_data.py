@@ -22,18 +22,13 @@ from specdec.train.teacher import teacher_forward
 from specdec.train.vocab import build_vocab_map, coverage, token_counts
 
 from _tiny_models import make_checkpoint, run_prefill, spec_config
-from _train_tiny import make_target, one_thread
+from _train_tiny import one_thread
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     with one_thread():
         yield
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("target"))
 
 
 # --------------------------------------------------------------------------- prompts
@@ -133,24 +128,24 @@ def test_collate_pads_and_weights_prompt_and_response_tokens():
 
 
 # --------------------------------------------------------------------------- distillation
-def test_batched_generation_equals_one_prompt_at_a_time(target, monkeypatch):
+def test_batched_generation_equals_one_prompt_at_a_time(train_target, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels: own suites)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 1], [40, 41, 42, 43], [2] * 11, [17, 18, 19]]
-    batched = generate_responses(target.model, prompts, max_new_tokens=9, batch_size=3, eos_token_ids=(), progress=False)
+    batched = generate_responses(train_target.model, prompts, max_new_tokens=9, batch_size=3, eos_token_ids=(), progress=False)
     for p, out in zip(prompts, batched):
-        alone = generate_responses(target.model, [p], max_new_tokens=9, batch_size=1, eos_token_ids=(), progress=False)
+        alone = generate_responses(train_target.model, [p], max_new_tokens=9, batch_size=1, eos_token_ids=(), progress=False)
         assert out == alone[0] and len(out) == 9
     eos = batched[0][3]
-    cut = generate_responses(target.model, prompts[:1], max_new_tokens=9, batch_size=1, eos_token_ids=(eos,), progress=False)
+    cut = generate_responses(train_target.model, prompts[:1], max_new_tokens=9, batch_size=1, eos_token_ids=(eos,), progress=False)
     assert cut[0] == batched[0][: batched[0].index(eos) + 1]  # ends after the first EOS, kept
 
 
-def test_full_width_batches_for_a_cuda_graph_pad_with_copies_and_drop_them(target, monkeypatch):
+def test_full_width_batches_for_a_cuda_graph_pad_with_copies_and_drop_them(train_target, monkeypatch):
     from specdec.train import distill
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels: own suites)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 1], [40, 41, 42, 43], [2] * 11, [17, 18, 19]]
-    plain = generate_responses(target.model, prompts, max_new_tokens=6, batch_size=4, eos_token_ids=(), progress=False)
+    plain = generate_responses(train_target.model, prompts, max_new_tokens=6, batch_size=4, eos_token_ids=(), progress=False)
     widths = []
     real_eager = distill._DecodeStep.eager
 
@@ -161,7 +156,7 @@ def test_full_width_batches_for_a_cuda_graph_pad_with_copies_and_drop_them(targe
     monkeypatch.setattr(distill, "_can_graph", lambda device: True)  # as on CUDA, but without a graph:
     monkeypatch.setattr(distill._DecodeStep, "_capture", lambda self, tokens, cache_len: setattr(self, "tried", True))
     monkeypatch.setattr(distill._DecodeStep, "eager", eager)
-    padded = generate_responses(target.model, prompts, max_new_tokens=6, batch_size=4, eos_token_ids=(),
+    padded = generate_responses(train_target.model, prompts, max_new_tokens=6, batch_size=4, eos_token_ids=(),
                                 progress=False, cuda_graph=True)
     assert padded == plain and set(widths) == {4}  # the last batch of 1 ran 4 wide
 

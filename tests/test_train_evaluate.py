@@ -9,19 +9,13 @@ from specdec.train import main
 from specdec.train.evaluate import evaluate_head
 from specdec.train.prompts import frozen_heldout_prompts
 
-from _train_tiny import make_target, one_thread
+from _train_tiny import one_thread
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    with one_thread():
-        yield make_target(tmp_path_factory.mktemp("target"))
-
-
-def test_ngram_is_evaluated_without_a_head_and_stays_lossless(target, tmp_path, monkeypatch):
+def test_ngram_is_evaluated_without_a_head_and_stays_lossless(train_target, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     rows_file = tmp_path / "rows.json"
-    argv = ["eval", "--target", str(target.path), "--drafter", "ngram", "--eval-prompts", "3",
+    argv = ["eval", "--target", str(train_target.path), "--drafter", "ngram", "--eval-prompts", "3",
             "--eval-batch-size", "2", "--eval-max-new-tokens", "24", "--json", str(rows_file)]
     with one_thread():
         assert main(argv) == 0
@@ -40,19 +34,19 @@ def test_ngram_is_evaluated_without_a_head_and_stays_lossless(target, tmp_path, 
         (["--drafter", "mtp"], "--drafter mtp needs --head"),
     ],
 )
-def test_the_command_refuses_a_head_that_does_not_fit_the_drafter(target, extra, message):
+def test_the_command_refuses_a_head_that_does_not_fit_the_drafter(train_target, extra, message):
     with pytest.raises(SystemExit, match=message):
-        main(["eval", "--target", str(target.path), "--eval-prompts", "1", *extra])
+        main(["eval", "--target", str(train_target.path), "--eval-prompts", "1", *extra])
 
 
-def test_evaluate_head_names_the_allowed_drafters_and_setups(target):
+def test_evaluate_head_names_the_allowed_drafters_and_setups(train_target):
     prompts = frozen_heldout_prompts(1)
     with pytest.raises(ValueError, match=r"drafter='medusa' has no evaluation setups; allowed: \['eagle3', 'mtp', 'ngram'\]"):
-        evaluate_head(target, "x", prompts, drafter="medusa")
+        evaluate_head(train_target, "x", prompts, drafter="medusa")
     with pytest.raises(ValueError, match=r"unknown setups \['wide'\]; allowed: \['target', 'linear', 'tree'\]"):
-        evaluate_head(target, None, prompts, setups=("target", "wide"), drafter="ngram")
+        evaluate_head(train_target, None, prompts, setups=("target", "wide"), drafter="ngram")
     with pytest.raises(ValueError, match="drafter='ngram' needs no head; got head='x'"):
-        evaluate_head(target, "x", prompts, drafter="ngram")
+        evaluate_head(train_target, "x", prompts, drafter="ngram")
 
 
 def test_the_shipped_prompt_sets_refuse_more_prompts_than_they_hold():

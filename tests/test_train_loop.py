@@ -14,7 +14,7 @@ from specdec.train import main
 from specdec.train.plot import read_log
 from specdec.train.trainer import TrainConfig, lr_at, train_eagle3
 
-from _train_tiny import make_data, make_target, one_thread, reference_ops
+from _train_tiny import make_data, one_thread, reference_ops
 
 TINY = dict(draft_vocab_size=48, batch_tokens=512, lr=3e-3, warmup_steps=3, log_every=1, val_every=4,
             val_fraction=0.1, val_batches=2)
@@ -29,20 +29,15 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("target"))
+def data(train_target):
+    return make_data(train_target, n=24)
 
 
 @pytest.fixture(scope="module")
-def data(target):
-    return make_data(target, n=24)
-
-
-@pytest.fixture(scope="module")
-def trained(target, data, tmp_path_factory):
+def trained(train_target, data, tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     log = work / "log.jsonl"
-    result = train_eagle3(target, data, TrainConfig(max_steps=24, **TINY), work_dir=work, log_path=log, progress=False)
+    result = train_eagle3(train_target, data, TrainConfig(max_steps=24, **TINY), work_dir=work, log_path=log, progress=False)
     return result, work, log
 
 
@@ -99,21 +94,21 @@ def test_a_checkpoint_with_a_broken_d2t_is_refused(trained, tmp_path, edit, mess
         load_eagle3(tmp_path)
 
 
-def test_an_interrupted_run_resumes_to_the_same_head(target, data, tmp_path):
+def test_an_interrupted_run_resumes_to_the_same_head(train_target, data, tmp_path):
     cfg = TrainConfig(max_steps=6, **TINY)
-    straight = train_eagle3(target, data, cfg, work_dir=tmp_path / "a", progress=False)
-    part = train_eagle3(target, data, cfg, work_dir=tmp_path / "b", progress=False, stop_after=3)
+    straight = train_eagle3(train_target, data, cfg, work_dir=tmp_path / "a", progress=False)
+    part = train_eagle3(train_target, data, cfg, work_dir=tmp_path / "b", progress=False, stop_after=3)
     assert part.steps == 3 and part.stopped_early
-    resumed = train_eagle3(target, data, cfg, work_dir=tmp_path / "b", progress=False)
+    resumed = train_eagle3(train_target, data, cfg, work_dir=tmp_path / "b", progress=False)
     assert resumed.steps == 6 and not resumed.stopped_early
     for key, value in straight.head.state_dict().items():
         assert torch.equal(resumed.head.state_dict()[key], value), key
-    other = make_data(target, n=8, seed=5)
+    other = make_data(train_target, n=8, seed=5)
     with pytest.raises(ValueError, match="other data"):
-        train_eagle3(target, other, cfg, work_dir=tmp_path / "b", progress=False)
+        train_eagle3(train_target, other, cfg, work_dir=tmp_path / "b", progress=False)
 
 
-def test_the_schedule_fits_the_time_budget_after_the_slow_first_steps(target, data, tmp_path, monkeypatch):
+def test_the_schedule_fits_the_time_budget_after_the_slow_first_steps(train_target, data, tmp_path, monkeypatch):
     """A fake clock: steps 0-9 take 3 s, later ones 1 s; budget 60 s, 200 steps planned. The first
     fit (steps 3-7 at 3 s/step) plans 19 steps; the refit (steps 7-15, 1.75 s/step) 28, which end
     at 48 s. A fit on the first steps alone would stop at 19 steps and 39 s (on the H200 it left 30-45%
@@ -138,20 +133,20 @@ def test_the_schedule_fits_the_time_budget_after_the_slow_first_steps(target, da
     monkeypatch.setattr(trainer, "PROBE_STEPS", 4)
     monkeypatch.setattr(trainer, "REFIT_STEPS", 8)
     cfg = TrainConfig(max_steps=200, max_minutes=1.0, **{**TINY, "val_fraction": 0.0, "val_every": 1000})
-    result = train_eagle3(target, data, cfg, work_dir=tmp_path, progress=False)
+    result = train_eagle3(train_target, data, cfg, work_dir=tmp_path, progress=False)
     assert result.steps == 28 and not result.stopped_early and clock.t == 48.0
     clock.t, clock.steps = 0.0, 0
     parts = dataclasses.replace(cfg, fit_schedule=False)  # --no-fit-schedule: the budget only ends this call
-    part = train_eagle3(target, data, parts, work_dir=tmp_path / "parts", progress=False)
+    part = train_eagle3(train_target, data, parts, work_dir=tmp_path / "parts", progress=False)
     assert part.steps == 41 and part.stopped_early  # steps 0-9: 30 s, then 1 s each until past 60 s
     assert trainer.fit_steps(7, 200, 3.0, 39.0) == 19  # what the first fit alone would have run
     assert trainer.fit_steps(5, 20, 0.1, 1e6) == 20  # never past the planned schedule
     assert trainer.fit_steps(5, 20, 10.0, 1.0) == 6  # always one more step
 
 
-def test_data_only_stops_after_the_data(target, tmp_path, capsys):
+def test_data_only_stops_after_the_data(train_target, tmp_path, capsys):
     out, work = tmp_path / "head", tmp_path / "work"
-    argv = ["eagle3", "--target", str(target.path), "--out", str(out), "--work", str(work), "--num-prompts", "6",
+    argv = ["eagle3", "--target", str(train_target.path), "--out", str(out), "--work", str(work), "--num-prompts", "6",
             "--roots", "stdlib", "--max-new-tokens", "4", "--max-prompt-tokens", "160", "--gen-batch-size", "8",
             "--data-only"]
     assert main(argv) == 0
@@ -169,10 +164,10 @@ def test_the_learning_rate_warms_up_then_decays_to_its_floor():
         TrainConfig(ttt_steps=0)
 
 
-def test_the_command_line_pipeline_writes_head_log_curves_record_and_eval(target, tmp_path, capsys):
+def test_the_command_line_pipeline_writes_head_log_curves_record_and_eval(train_target, tmp_path, capsys):
     out = tmp_path / "head"
     argv = [
-        "eagle3", "--target", str(target.path), "--out", str(out), "--work", str(tmp_path / "work"),
+        "eagle3", "--target", str(train_target.path), "--out", str(out), "--work", str(tmp_path / "work"),
         "--num-prompts", "30", "--roots", "stdlib", "--max-new-tokens", "12", "--max-prompt-tokens", "160",
         "--gen-batch-size", "8", "--draft-vocab-size", "48", "--steps", "3", "--batch-tokens", "1024",
         "--ttt-steps", "3", "--log-every", "1", "--val-every", "2",

@@ -18,7 +18,7 @@ from specdec.train.trainer import TrainConfig
 from specdec.train.ttt import ttt_attention_ref
 
 from _mtp_heads import D, V, random_mtp
-from _train_tiny import make_data, make_target, one_thread
+from _train_tiny import make_data, one_thread
 
 TINY = dict(ttt_steps=4, batch_tokens=512, lr=3e-3, warmup_steps=3, log_every=1, val_every=4, val_fraction=0.1,
             val_batches=2)
@@ -31,16 +31,11 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("target"))
-
-
-@pytest.fixture(scope="module")
-def trained(target, tmp_path_factory):
-    data = make_data(target, n=24)
+def trained(train_target, tmp_path_factory):
+    data = make_data(train_target, n=24)
     work = tmp_path_factory.mktemp("work")
     log = work / "log.jsonl"
-    result = train_mtp(target, data, TrainConfig(max_steps=24, **TINY), work_dir=work, log_path=log, progress=False)
+    result = train_mtp(train_target, data, TrainConfig(max_steps=24, **TINY), work_dir=work, log_path=log, progress=False)
     return result, work, log
 
 
@@ -56,7 +51,7 @@ def test_a_few_mtp_training_steps_decrease_the_loss(trained):
     assert any(r["kind"] == "val" for r in records)
 
 
-def test_the_trained_head_reloads_bit_for_bit_and_mtp_greedy_equals_target_greedy(trained, target, tmp_path, monkeypatch):
+def test_the_trained_head_reloads_bit_for_bit_and_mtp_greedy_equals_target_greedy(trained, train_target, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (kernels are tested elsewhere)
     result, work, _ = trained
     head = result.head.cpu()
@@ -70,9 +65,9 @@ def test_the_trained_head_reloads_bit_for_bit_and_mtp_greedy_equals_target_greed
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]]
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     base = dict(max_batch_size=2, max_seq_len=64, kv_block_size=4)
-    ref = SpecDecoder.from_pretrained(target, None, SpecConfig(drafter="none", **base)).generate(prompts, params)
+    ref = SpecDecoder.from_pretrained(train_target, None, SpecConfig(drafter="none", **base)).generate(prompts, params)
     for shape in (dict(tree="linear", max_draft_len=3), dict(tree="dynamic", max_draft_len=3, topk=2, max_total_draft_tokens=6)):
-        dec = SpecDecoder.from_pretrained(target, tmp_path / "head", SpecConfig(drafter="mtp", **base, **shape))
+        dec = SpecDecoder.from_pretrained(train_target, tmp_path / "head", SpecConfig(drafter="mtp", **base, **shape))
         out = dec.generate(prompts, params)
         assert [o.token_ids for o in out] == [r.token_ids for r in ref], shape
 
@@ -119,13 +114,13 @@ def test_mtp_unroll_steps_reproduce_the_mtp_drafters_chain_at_inference():
         torch.testing.assert_close(seen[2 * k + 1][0, L - 1], draft_logits[k], rtol=1e-9, atol=1e-9)
 
 
-def test_unroll_step_zero_is_the_heads_sequence_forward_and_steps_are_weighted(target):
+def test_unroll_step_zero_is_the_heads_sequence_forward_and_steps_are_weighted(train_target):
     model = random_mtp(seed=2)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, V, (2, 10), generator=gen)
-    teacher = mtp_teacher_forward(target.model, tokens)
+    teacher = mtp_teacher_forward(train_target.model, tokens)
     assert teacher.last_hidden.shape == (2, 10, D) and teacher.logits.shape == (2, 10, V)
-    embed, lm_head = target.model.embed, target.model.lm_head
+    embed, lm_head = train_target.model.embed, train_target.model.lm_head
     seen = []
     hook = lm_head.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
     res = mtp_unroll(model, embed, lm_head, teacher.last_hidden, tokens, teacher.logits, teacher.argmax,
@@ -147,7 +142,7 @@ def test_unroll_step_zero_is_the_heads_sequence_forward_and_steps_are_weighted(t
     torch.testing.assert_close(model.input_proj.weight.grad, g)
 
 
-def test_the_mtp_command_line_writes_a_plugin_loadable_head_log_curves_record_and_mtp_eval(target, tmp_path, monkeypatch):
+def test_the_mtp_command_line_writes_a_plugin_loadable_head_log_curves_record_and_mtp_eval(train_target, tmp_path, monkeypatch):
     import json
 
     from specdec.train import main
@@ -155,7 +150,7 @@ def test_the_mtp_command_line_writes_a_plugin_loadable_head_log_curves_record_an
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     out = tmp_path / "head"
     argv = [
-        "mtp", "--target", str(target.path), "--out", str(out), "--work", str(tmp_path / "work"),
+        "mtp", "--target", str(train_target.path), "--out", str(out), "--work", str(tmp_path / "work"),
         "--num-prompts", "30", "--roots", "stdlib", "--max-new-tokens", "12", "--max-prompt-tokens", "160",
         "--gen-batch-size", "8", "--steps", "3", "--batch-tokens", "1024", "--ttt-steps", "3", "--log-every", "1",
         "--val-every", "2", "--eval", "--eval-prompts", "2", "--eval-setups", "target,linear,tree",

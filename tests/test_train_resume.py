@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from _train_tiny import make_target, one_thread, reference_ops
+from _train_tiny import one_thread, reference_ops
 
 from specdec.train import distill, mix
 from specdec.train.distill import (
@@ -23,11 +23,6 @@ from specdec.train.prompts import Prompt
 def _one_thread():
     with one_thread(), reference_ops():
         yield
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return make_target(tmp_path_factory.mktemp("target"))
 
 
 def _prompts(n: int, variant_every: int = 0) -> list[Prompt]:
@@ -56,26 +51,26 @@ def test_each_row_is_drawn_at_its_own_temperature():
     assert (_pick(logits, None, None) == 0).all()
 
 
-def test_sampled_rows_leave_the_greedy_rows_of_their_batch_unchanged(target):
+def test_sampled_rows_leave_the_greedy_rows_of_their_batch_unchanged(train_target):
     prompts = [[5, 6, 7, 8], [3, 1, 4], [40, 41], [2] * 6]
-    greedy = generate_responses(target.model, prompts, max_new_tokens=8, batch_size=4, eos_token_ids=(), progress=False)
-    mixed = generate_responses(target.model, prompts, max_new_tokens=8, batch_size=4, eos_token_ids=(), progress=False,
+    greedy = generate_responses(train_target.model, prompts, max_new_tokens=8, batch_size=4, eos_token_ids=(), progress=False)
+    mixed = generate_responses(train_target.model, prompts, max_new_tokens=8, batch_size=4, eos_token_ids=(), progress=False,
                                temperature=[0.0, 1.0, 0.0, 1.0], seed=3)
     assert mixed[0] == greedy[0] and mixed[2] == greedy[2]
     assert mixed[1] != greedy[1] and mixed[3] != greedy[3]  # a random tiny model: 8 draws never all its argmax
     with pytest.raises(ValueError, match="3 temperatures for 4 prompts"):
-        generate_responses(target.model, prompts, max_new_tokens=2, batch_size=4, eos_token_ids=(), temperature=[0.0] * 3)
+        generate_responses(train_target.model, prompts, max_new_tokens=2, batch_size=4, eos_token_ids=(), temperature=[0.0] * 3)
     with pytest.raises(ValueError, match=r"temperature=-1\.0 must be >= 0"):
-        generate_responses(target.model, prompts, max_new_tokens=2, batch_size=4, eos_token_ids=(), temperature=-1.0)
+        generate_responses(train_target.model, prompts, max_new_tokens=2, batch_size=4, eos_token_ids=(), temperature=-1.0)
 
 
-def test_variants_are_sampled_and_refused_at_temperature_zero(target):
+def test_variants_are_sampled_and_refused_at_temperature_zero(train_target):
     prompts = _prompts(6, variant_every=2)  # prompts 1, 3, 5 are variants
-    data = build_distill_data(target, prompts, max_new_tokens=6, batch_size=8, encode=_encode, progress=False,
+    data = build_distill_data(train_target, prompts, max_new_tokens=6, batch_size=8, encode=_encode, progress=False,
                               variant_temperature=1.0)
     assert data.meta["variants"] == 3 and data.meta["variant_temperature"] == 1.0 and len(data) == 6
     with pytest.raises(ValueError, match=r"variant_temperature=0\.0 must be > 0"):
-        build_distill_data(target, prompts, max_new_tokens=6, batch_size=8, encode=_encode, progress=False,
+        build_distill_data(train_target, prompts, max_new_tokens=6, batch_size=8, encode=_encode, progress=False,
                            variant_temperature=0.0)
 
 
@@ -84,9 +79,9 @@ class Killed(Exception):
     pass
 
 
-def test_a_killed_generation_resumes_where_it_stopped(target, tmp_path, monkeypatch):
+def test_a_killed_generation_resumes_where_it_stopped(train_target, tmp_path, monkeypatch):
     prompts, path = _prompts(10), tmp_path / "responses.pt"
-    whole = build_distill_data(target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False)
+    whole = build_distill_data(train_target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False)
     monkeypatch.setattr(distill, "SAVE_EVERY_S", 0.0)
     real = distill.generate_responses
     asked = []
@@ -102,7 +97,7 @@ def test_a_killed_generation_resumes_where_it_stopped(target, tmp_path, monkeypa
 
     monkeypatch.setattr(distill, "generate_responses", killed_after_one_batch)
     with pytest.raises(Killed):
-        build_distill_data(target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False,
+        build_distill_data(train_target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False,
                            resume_path=path)
     saved = torch.load(path, weights_only=True)["responses"]
     assert sum(r is not None for r in saved) == 4  # one batch
@@ -112,14 +107,14 @@ def test_a_killed_generation_resumes_where_it_stopped(target, tmp_path, monkeypa
         return real(model, ps, **kw)
 
     monkeypatch.setattr(distill, "generate_responses", counting)
-    resumed = build_distill_data(target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False,
+    resumed = build_distill_data(train_target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False,
                                  resume_path=path)
     assert asked == [6] and resumed.meta["resumed"] == 4
     assert resumed.tokens.tolist() == whole.tokens.tolist()  # greedy: the same data as one uninterrupted call
-    again = build_distill_data(target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False,
+    again = build_distill_data(train_target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False,
                                resume_path=path)
     assert asked == [6] and again.meta["resumed"] == 10  # everything answered: nothing generated
-    other = build_distill_data(target, prompts, max_new_tokens=5, batch_size=4, encode=_encode, progress=False,
+    other = build_distill_data(train_target, prompts, max_new_tokens=5, batch_size=4, encode=_encode, progress=False,
                                resume_path=path)  # other settings: another generation, started over
     assert asked == [6, 10] and other.meta["resumed"] == 0
 

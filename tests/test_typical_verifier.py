@@ -18,7 +18,6 @@ from specdec.types import SamplingTensors
 
 from _mtp_heads import e2e_cpu  # noqa: F401  (fixture)
 from _mtp_heads import hf_greedy, random_mtp
-from _tiny_models import make_checkpoint
 from tree_cases import children_lists, trees
 
 
@@ -120,9 +119,8 @@ NEW = 32
 
 
 @pytest.fixture(scope="module")
-def random_target(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    hf = make_checkpoint("llama", folder, seed=0)
+def random_target(tiny_llama3_with_hf):
+    folder, hf = tiny_llama3_with_hf
     return specdec.load_target(folder), [hf_greedy(hf, p, NEW) for p in PROMPTS]
 
 
