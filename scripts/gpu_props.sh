@@ -19,11 +19,12 @@
 # and prints one summary line with the part's time.
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -z "${GPU_PROPS_SETUP:-}" ]; then  # once: parts run side by side inherit the environment
+list="${GPU_PROPS_LIST:-}"  # 1: print the part's test files and exit (tests/test_gpu_parts.py checks the parts)
+if [ -z "$list" ] && [ -z "${GPU_PROPS_SETUP:-}" ]; then  # once: parts run side by side inherit the environment
   source "$root/scripts/gpu_setup.sh" > /tmp/gpu_props_setup.txt
   export GPU_PROPS_SETUP="$(cat /tmp/gpu_props_setup.txt)"
 fi
-setup="$GPU_PROPS_SETUP"
+setup="${GPU_PROPS_SETUP:-}"
 if [ $# -gt 1 ]; then  # several parts side by side on the one GPU (8 workers each): two parts per call
   pids=()
   for p in "$@"; do bash "$root/scripts/gpu_props.sh" "$p" & pids+=($!); done
@@ -48,7 +49,10 @@ drafters=(tests/test_eagle3_conventions.py tests/test_eagle3_dense_after_accepta
 tools=(tests/test_cli.py tests/test_cli_startup.py tests/test_bench_smoke.py tests/test_bench_instrumentation.py
        tests/test_first_contact.py tests/test_server.py tests/test_smollm2.py tests/test_launch_counts.py
        tests/test_packaging.py tests/test_many_decoders.py tests/test_kernels_compile_sm90.py tests/test_loader.py
-       tests/test_corrupt_checkpoints.py tests/test_train_*.py)
+       tests/test_corrupt_checkpoints.py)
+for f in tests/test_train_*.py; do  # the training suites, but TTT's, which drafters runs
+  [[ " ${drafters[*]} " == *" $f "* ]] || tools+=("$f")
+done
 case "$part" in
   attention) files=("${attention[@]}") ;;
   kernels) files=("${kernels[@]}") ;;
@@ -61,6 +65,10 @@ case "$part" in
     done ;;
   *) echo "unknown part '$part'; allowed: attention, kernels, drafters, tools, engine" >&2; exit 2 ;;
 esac
+if [ -n "$list" ]; then
+  printf '%s\n' "${files[@]}"
+  exit 0
+fi
 if [ "$part" = tools ] && [[ "$setup" != *"GGUF ready"* ]]; then
   echo "gpu_props tools needs the SmolLM2 GGUF (tests/test_smollm2.py loads it); scripts/gpu_setup.sh says: $setup" >&2
   exit 2
