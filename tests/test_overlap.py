@@ -63,6 +63,15 @@ def run(dec: SpecDecoder, lengths=LENGTHS, **params) -> list[list[int]]:
     return [r.token_ids for r in dec.generate(PROMPTS, batch)]
 
 
+def in_flight(engine, iterations: int) -> list:
+    """Submit every prompt and run `iterations` engine iterations, leaving a step in flight."""
+    requests = [engine.submit(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, LENGTHS)]
+    for _ in range(iterations):
+        engine.run_iteration()
+    assert engine._inflight is not None
+    return requests
+
+
 class Trace:
     """Wraps an engine's `_begin` / `_complete`: the order of launches and hand-offs, and at
     each overlapped launch the running requests' tokens still to go."""
@@ -128,12 +137,8 @@ def test_stop_tokens_end_requests_mid_run_and_the_rows_after_are_dropped(models)
 
 def test_an_abort_while_a_step_is_in_flight_leaves_the_others_exact(models):
     ref = run(decoder(models, "eagle3-chain", overlap=False))
-    dec = decoder(models, "eagle3-chain", overlap=True)
-    engine = dec.engine
-    requests = [engine.submit(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, LENGTHS)]
-    for _ in range(4):
-        engine.run_iteration()
-    assert engine._inflight is not None
+    engine = decoder(models, "eagle3-chain", overlap=True).engine
+    requests = in_flight(engine, iterations=4)
     victim = requests[0]
     engine.abort(victim)
     engine.run_until_done(max_steps=200)
@@ -152,12 +157,8 @@ def test_a_host_drafter_does_not_overlap(models):
 
 def test_overlap_switched_off_mid_run_drains_the_step_in_flight(models):
     ref = run(decoder(models, "target-only", overlap=False))
-    dec = decoder(models, "target-only", overlap=True)
-    engine = dec.engine
-    requests = [engine.submit(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, LENGTHS)]
-    for _ in range(3):
-        engine.run_iteration()
-    assert engine._inflight is not None
+    engine = decoder(models, "target-only", overlap=True).engine
+    requests = in_flight(engine, iterations=3)
     engine.overlap = False
     engine.run_until_done(max_steps=200)
     assert engine._inflight is None and [r.token_ids for r in requests] == ref

@@ -169,6 +169,7 @@ class Decision:
     requests: int  # running requests in the step
     tokens: dict[bool, float]  # predicted tokens, speculative (True) and plain (False)
     seconds: dict[bool, float]  # predicted seconds, speculative (True) and plain (False)
+    step: int = 0  # the rule's choice count at this choice (the k-th choice: k)
     measured_tokens: int | None = None
     measured_seconds: float | None = None
 
@@ -242,7 +243,7 @@ class AdaptiveRule:
             self.probes += 1
         self._run[bucket] = (choice, run + 1 if choice == variant else 1)
         self.decisions[choice] += 1
-        self.last = Decision(bucket, choice, plain, probe, len(running), tokens, seconds)
+        self.last = Decision(bucket, choice, plain, probe, len(running), tokens, seconds, step=self._step)
         return choice
 
     def _plain_could_win(self, bucket: int, plain: str, tokens: dict, seconds: dict) -> bool:

@@ -55,6 +55,7 @@ from .runtime.host_copy import to_device
 from .runtime.kv_cache import KVCacheError
 from .step_timing import PhaseTimer, StepTimes
 from .step import DeviceStep, StepState
+from .step_state import drafter_slot_state
 from .strategies import TargetInfo
 from .types import TreeMeta
 from .validation import check_request
@@ -116,9 +117,8 @@ class _Inflight:
     variant: str
     running: list[tuple[int, RequestState]]  # (slot, request) of every request it ran
     host: torch.Tensor  # [b, N + 1] the pinned host rows its hand-off is copied into
-    event: object  # torch.cuda.Event recorded after that copy (None on the CPU: copied at the wait)
-    decision: object  # the adaptive rule's `Decision` for it, or None
-    rule_step: int  # the rule's choice count at its choice (its acceptance is that step's)
+    event: object  # torch.cuda.Event recorded after that copy (None on the CPU, where the copy is done at once)
+    decision: object  # the adaptive rule's `Decision` for it (its choice count: `decision.step`), or None
     overlapped: bool  # launched while the step before it was still in flight
     t0: float  # host times: its start, launch call, after the launch, after the fold
     t_launch: float
@@ -189,9 +189,8 @@ class SpecEngine:
         self.lookahead = max(N, caps.kv_lookahead)
         self.buckets = config.batch_buckets
         # every per-slot tensor a step touches, the drafter's own (`slot_state`) included
-        drafter_slots = strategies.drafter.slot_state() if hasattr(strategies.drafter, "slot_state") else None
         self.state = StepState.allocate(B, N, runner.hidden_width, device=self.device, hidden_dtype=runner.dtype,
-                                        drafter=drafter_slots)
+                                        drafter=drafter_slot_state(strategies.drafter))
         self.device_step = DeviceStep(strategies, runner, self.state, compiled=compiled)
         # adaptive speculation: a plain step beside the speculative one, chosen per step by measured cost
         self.adaptive = bool(config.adaptive) and N > 1
@@ -734,7 +733,7 @@ class SpecEngine:
         for dst, src in ((st.draft_tokens, tokens), (st.draft_parents, parents), (st.draft_num_nodes, num_nodes)):
             dst[:b].copy_(src.pin_memory() if pin else src, non_blocking=pin)
 
-    def _can_defer(self, running: list[RequestState], pending: "_Inflight | None" = None) -> bool:
+    def _can_defer(self, running: list[RequestState]) -> bool:
         """Whether a deferred plain step keeps every running path within the drafter's depth
         (a path's length after a speculative step still in flight is unknown: not then)."""
         if self.defer_depth is None:
@@ -789,7 +788,7 @@ class SpecEngine:
         running = [r for r in self.running() if r.slot < b]
         variant = SPECULATIVE
         if self.adaptive:
-            plain = DEFERRED if self._can_defer(running, pending) else PLAIN
+            plain = DEFERRED if self._can_defer(running) else PLAIN
             variant = SPECULATIVE if self.adaptive_rule.choose(b, running, plain) else plain
         if self.host_drafter:
             self._stage_host_drafts(b)
@@ -815,8 +814,7 @@ class SpecEngine:
         if self.adaptive:  # the last step's acceptance, folded in while the device runs this one
             self.adaptive_rule.fold()
         decision = self.adaptive_rule.last if self.adaptive else None
-        rule_step = self.adaptive_rule._step if self.adaptive else 0
-        return _Inflight(b, variant, [(r.slot, r) for r in running], host, event, decision, rule_step,
+        return _Inflight(b, variant, [(r.slot, r) for r in running], host, event, decision,
                          pending is not None, t0, t_launch, t_launched, time.perf_counter())
 
     def _complete(self, step: "_Inflight") -> None:
@@ -848,8 +846,8 @@ class SpecEngine:
                 observed.append(request)
                 observed_lengths.append(a)
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
-            if slot not in ran_later:  # else the later step's launch has set it (unknown, or 0 after a plain step)
-                self._path_len[slot] = a if self._path_len[slot] is None else self._path_len[slot]
+            if self._path_len[slot] is None and slot not in ran_later:  # a later step's launch set it otherwise
+                self._path_len[slot] = a
             self._emit(request, emitted)
         t_end = time.perf_counter()
         # a step's seconds: from when the device could start it (its launch, or the end of the
@@ -868,7 +866,8 @@ class SpecEngine:
         self._last_handoff = t_handoff
         if self.adaptive:
             self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds, step.decision)
-            self.adaptive_rule.observe_later(observed, observed_lengths, step=step.rule_step)
+            chosen_at = None if step.decision is None else step.decision.step  # None: no choice recorded (forced)
+            self.adaptive_rule.observe_later(observed, observed_lengths, step=chosen_at)
         for obs in self.observers:
             obs.on_step(self, lengths)
 

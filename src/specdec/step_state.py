@@ -18,7 +18,7 @@ import torch
 
 from .types import SamplingTensors, TreeMeta
 
-__all__ = ["StepState"]
+__all__ = ["StepState", "drafter_slot_state"]
 
 
 @dataclass
@@ -109,7 +109,7 @@ class StepState:
         B, N = accept_tokens.shape
         dev = root_tokens.device
         state = StepState.allocate(B, N, 0, device=dev, hidden_dtype=torch.float32,
-                                   drafter=_slot_state_of(drafter))
+                                   drafter=drafter_slot_state(drafter))
         state.root_tokens, state.committed_len, state.accept_length = root_tokens, committed_len, accept_length
         state.accept_tokens, state.active, state.hidden_path = accept_tokens, active, hidden_path
         if sampling is not None:
@@ -118,7 +118,6 @@ class StepState:
 
     def rows(self, b: int) -> "StepState":
         """Views of the first `b` slots (a batch bucket); writes land in this state."""
-        t, t1 = self.tree, self.tree1
         return StepState(
             root_tokens=self.root_tokens[:b],
             committed_len=self.committed_len[:b],
@@ -131,9 +130,8 @@ class StepState:
             draft_parents=self.draft_parents[:b],
             draft_num_nodes=self.draft_num_nodes[:b],
             draft_budget=self.draft_budget[:b],
-            tree=TreeMeta(*(x[:b] for x in (t.packed_mask, t.positions, t.next_token, t.next_sibling, t.retrieve_index))),
-            tree1=TreeMeta(*(x[:b] for x in (t1.packed_mask, t1.positions, t1.next_token, t1.next_sibling,
-                                              t1.retrieve_index))),
+            tree=self.tree.rows(b),
+            tree1=self.tree1.rows(b),
             handoff=self.handoff[:b],
             drafter={name: x[:b] for name, x in self.drafter.items()},
         )
@@ -147,7 +145,7 @@ class StepState:
         return self.accept_tokens.shape[1]
 
 
-def _slot_state_of(drafter) -> dict[str, torch.Tensor]:
+def drafter_slot_state(drafter) -> dict[str, torch.Tensor]:
     """`drafter.slot_state()` (a drafter without one keeps no per-slot tensors: {})."""
     if drafter is None or not hasattr(drafter, "slot_state"):
         return {}

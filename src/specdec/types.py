@@ -76,6 +76,11 @@ class TreeMeta:
             retrieve_index=torch.full((batch_size, num_slots), -1, **kw),
         )
 
+    def rows(self, n: int) -> "TreeMeta":
+        """Views of the first `n` rows (a batch bucket)."""
+        return TreeMeta(self.packed_mask[:n], self.positions[:n], self.next_token[:n], self.next_sibling[:n],
+                        self.retrieve_index[:n])
+
 
 @dataclass
 class Acceptance:

@@ -196,6 +196,7 @@ class HeadDrafter:
     runs_on_host = False  # drafts inside the captured step
     kind = "draft head"  # for messages
     hidden_name = "the target's hidden states"  # what `StepState.hidden_path` holds, for messages
+    SLOT_TENSORS = ("ctx_hidden", "root_logits", "live")  # its per-slot tensors (`slot_state`)
 
     def __init__(
         self,
@@ -305,7 +306,7 @@ class HeadDrafter:
         [B, d] (the head's output at each slot's newest committed row), root_logits [B, Vd]
         (the root's child distribution) and live [B] bool (the slot holds draft state). The
         prefill writes them; `propose` reads them from the state it is given, not from here."""
-        return {"ctx_hidden": self.ctx_hidden, "root_logits": self.root_logits, "live": self.live}
+        return {name: getattr(self, name) for name in self.SLOT_TENSORS}
 
     def attach(self, cache: PagedKVCache) -> None:
         """Put the draft KV on `cache`'s allocator (the target's): same blocks, same tables."""
@@ -454,7 +455,7 @@ class HeadDrafter:
         self.live[slot].fill_(False)  # no stream sync (engine._set_sampling)
 
     # ------------------------------------------------------------------ device side
-    def _ingest(self, state: StepState, slots: dict, live: torch.Tensor, kv_len: int) -> None:
+    def _ingest(self, state: StepState, live: torch.Tensor, kv_len: int) -> None:
         """Run the accepted paths through the head; update the slots' `ctx_hidden` / `root_logits` in place."""
         if state.hidden_path is None:  # standalone use right after prefill: nothing verified yet
             return
@@ -471,6 +472,7 @@ class HeadDrafter:
                                tree_mask=None, max_kv_len=kv_len, positions=positions)
         embeds = rows if lookup is not None else self.embed(rows)  # [B, R, d]
         out, logits = self._forward(embeds, hidden, positions, self._attend(batch), first=True)
+        slots = state.drafter
         self.ingest_outputs(out, logits, q_len, ingest, slots["ctx_hidden"][:B], slots["root_logits"][:B])
 
     def _log_dist(self, logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
@@ -506,7 +508,7 @@ class HeadDrafter:
                 f"{self.hidden_name} of width {self.hidden_width}"
             )
         slots = state.drafter
-        if not all(name in slots for name in ("ctx_hidden", "root_logits", "live")):
+        if not all(name in slots for name in self.SLOT_TENSORS):
             raise ValueError(
                 f"the StepState carries no slot tensors of this {self.kind} (it has {sorted(slots)}): build it with "
                 "StepState.allocate(..., drafter=drafter.slot_state()) or StepState.for_drafting(..., drafter=drafter)"
@@ -515,7 +517,7 @@ class HeadDrafter:
         B = state.root_tokens.shape[0]
         kv_len = max_kv_len or self.max_seq_len
         live = slots["live"][:B] & state.active.to(dev)  # [B]
-        self._ingest(state, slots, live, kv_len)
+        self._ingest(state, live, kv_len)
         if not draft:  # an adaptive plain step: the KV is current, nothing is drafted
             return self._root_only(state.root_tokens.to(dev))
         committed = state.committed_len.to(dev)  # [B]
