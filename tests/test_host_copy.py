@@ -35,7 +35,7 @@ def test_a_prefill_wave_syncs_once_per_group(tmp_path, drafter, temperature):
     make_checkpoint("llama", tmp_path / "t", num_hidden_layers=4, seed=3)
     saved_tiny_head(tmp_path / "h", seed=1, capture_layers=(1, 2, 3), std=0.1)
     target = specdec.load_target(tmp_path / "t", device="cuda")
-    cfg = dict(drafter="none") if drafter == "none" else dict(drafter="eagle3", max_draft_len=3)
+    cfg = dict(drafter="none") if drafter == "none" else dict(drafter="eagle3", max_draft_len=3, verifier="speculative")
     dec = SpecDecoder.from_pretrained(target, None if drafter == "none" else tmp_path / "h",
                                       SpecConfig(max_batch_size=4, max_seq_len=128, kv_block_size=16,
                                                  compile=False, **cfg))  # graphs, no Inductor: quick
@@ -44,8 +44,8 @@ def test_a_prefill_wave_syncs_once_per_group(tmp_path, drafter, temperature):
     groups = []
     first_tokens = engine._first_tokens
     engine._first_tokens = lambda requests, *a: groups.append(len(requests)) or first_tokens(requests, *a)
-    for prompt in ([5, 6, 7], [8, 9, 10, 11, 12], [3, 4], [1] * 20):
-        engine.submit(prompt, SamplingParams(max_new_tokens=8, temperature=temperature, seed=1))
+    requests = [engine.submit(prompt, SamplingParams(max_new_tokens=8, temperature=temperature, seed=1))
+                for prompt in ([5, 6, 7], [8, 9, 10, 11, 12], [3, 4], [1] * 20)]
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("warn")
@@ -57,5 +57,6 @@ def test_a_prefill_wave_syncs_once_per_group(tmp_path, drafter, temperature):
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     syncs = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
-    assert len(engine.running()) == 4 and sum(groups) == 4
+    states = [(r.status, r.finish_reason, r.error) for r in requests]  # a failed prefill says why
+    assert len(engine.running()) == 4 and sum(groups) == 4, (groups, states)
     assert len(syncs) == len(groups), syncs
