@@ -18,6 +18,10 @@ The project's own tests call the same kit (`tests/test_conformance_kit.py`,
 `tests/test_tree_policies.py`) and its hypothesis strategies and oracles (`strategies`,
 `oracles`).
 
+Layers, bottom up: `profiles`, `kit` (the machinery), `strategies` / `oracles`, the `check_*`
+modules (the properties, each registered with `kit.register`), `suite` (imports every check
+module; `properties_for`), `cli`. No module imports one above it (`tests/test_import_graph.py`).
+
 The kit needs hypothesis (``pip install hypothesis``); the names below import it on first
 use, so `specdec --help` and `specdec.testing.cli`'s flags work without it.
 """
@@ -27,7 +31,7 @@ import importlib
 __all__ = ["Context", "Property", "Result", "Subject", "check", "main", "properties_for", "run_property"]
 
 _HOME = {"check": "cli", "main": "cli", "Context": "kit", "Property": "kit", "Result": "kit", "Subject": "kit",
-         "properties_for": "kit", "run_property": "kit"}
+         "properties_for": "suite", "run_property": "kit"}
 
 
 def __getattr__(name: str):

@@ -20,7 +20,12 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from ..config import ConfigError, SamplingParams, SpecConfig
+from ..drafters import eagle3_model, mtp_model
+from ..entrypoints.decoder import SpecDecoder
 from ..hookspecs import hookimpl
+from ..models import DecoderLM, ModelConfig, RopeConfig
+from ..models.loader import Target
+from ..strategies import TargetInfo
 from .kit import references_on_cpu, register
 
 VOCAB, HIDDEN, LAYERS = 64, 32, 6
@@ -30,10 +35,6 @@ TREES = (dict(tree="linear", max_draft_len=3), dict(tree="dynamic", topk=2, max_
 
 def tiny_target(device, seed: int = 0):
     """A 6-layer random Llama (V=64, d=32) with weights far from uniform."""
-    from ..models import DecoderLM, ModelConfig, RopeConfig
-    from ..models.loader import Target
-    from ..strategies import TargetInfo
-
     cfg = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_layers=LAYERS,
                       num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope=RopeConfig(), max_position_embeddings=512)
     model = DecoderLM(cfg).eval()
@@ -47,22 +48,17 @@ def tiny_target(device, seed: int = 0):
 
 def builtin_options(name: str) -> dict:
     """Random heads for the built-in model drafters (no checkpoint needed); {} otherwise."""
-    from ..models.config import RopeConfig
-
     g = torch.Generator().manual_seed(1)
     if name == "eagle3":
-        from ..drafters.eagle3_model import Eagle3Config, Eagle3Model, init_random_
-
-        cfg = Eagle3Config(hidden_size=HIDDEN, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=8, vocab_size=VOCAB, draft_vocab_size=40, target_hidden_size=HIDDEN,
-                           rms_norm_eps=1e-5, rope=RopeConfig(theta=10000.0), capture_layers=(1, 2, 4))
-        return {"eagle3": {"model": init_random_(Eagle3Model(cfg), g, std=0.3).eval()}}
+        cfg = eagle3_model.Eagle3Config(
+            hidden_size=HIDDEN, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            vocab_size=VOCAB, draft_vocab_size=40, target_hidden_size=HIDDEN, rms_norm_eps=1e-5,
+            rope=RopeConfig(theta=10000.0), capture_layers=(1, 2, 4))
+        return {"eagle3": {"model": eagle3_model.init_random_(eagle3_model.Eagle3Model(cfg), g, std=0.3).eval()}}
     if name == "mtp":
-        from ..drafters.mtp_model import MTPConfig, MTPModel, init_random_
-
-        cfg = MTPConfig(hidden_size=HIDDEN, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=8, vocab_size=VOCAB, rms_norm_eps=1e-5, rope=RopeConfig(theta=10000.0))
-        return {"mtp": {"model": init_random_(MTPModel(cfg), g, std=0.3).eval()}}
+        cfg = mtp_model.MTPConfig(hidden_size=HIDDEN, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=8, vocab_size=VOCAB, rms_norm_eps=1e-5, rope=RopeConfig(theta=10000.0))
+        return {"mtp": {"model": mtp_model.init_random_(mtp_model.MTPModel(cfg), g, std=0.3).eval()}}
     return {}
 
 
@@ -123,8 +119,6 @@ class ContractChecker:
 def _decoder(subject, target, shape: dict, checker: ContractChecker | None):
     """A greedy SpecDecoder with the subject's drafter under `shape`; the checker (if any) is
     registered only while the strategies are resolved."""
-    from ..decoder import SpecDecoder
-
     options = {**builtin_options(subject.name), **subject.options}
     fields = dict(max_batch_size=3, max_seq_len=96, kv_block_size=4, compile=False, cuda_graphs=False)
     config = SpecConfig(**{**fields, **subject.config, **shape, "drafter": subject.name, "verifier": "greedy",
@@ -190,8 +184,6 @@ def greedy_output_equals_target_only(subject, ctx):
     target = tiny_target(ctx.device)
     with references_on_cpu(ctx.device):
         shapes = _shapes(subject, target)
-        from ..decoder import SpecDecoder
-
         base = SpecDecoder(target, SpecConfig(max_batch_size=3, max_seq_len=96, kv_block_size=4, compile=False, cuda_graphs=False))
 
         @ctx.settings_for(greedy_output_equals_target_only)

@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from ..config import ConfigError, SpecConfig
 from ..ops import build_tree, sample_from_probs
 from ..policies import DynamicPolicy, StaticPolicy
+from ..registry import resolve_tree_policy, strategy_names, verifier_caps
+from ..strategies import VerifierCaps
 from ..types import SamplingTensors
 from .kit import references_on_cpu, register
 from .oracles import PathTable, assert_follows, naive_dynamic
@@ -55,8 +57,6 @@ def policy_configs(draw, subject, small: bool = False):
 def resolve(subject, config, needs_draft_probs: bool):
     """The policy for `config`, for a verifier needing draft probabilities or not; None when
     the policy cannot serve such a verifier (it keeps candidates by value)."""
-    from ..registry import VerifierCaps, resolve_tree_policy
-
     caps = VerifierCaps(lossless=True, needs_draft_probs=needs_draft_probs, greedy_only=False)
     try:
         return resolve_tree_policy(config, caps, subject.pm)
@@ -254,8 +254,6 @@ def static_trees_hold_their_paths(subject, ctx):
 # ----------------------------------------------------------------------------- with verifiers
 def sampling_verifiers(pm) -> list[tuple[str, object, object]]:
     """(name, verifier, caps) of every installed lossless verifier that samples."""
-    from ..registry import strategy_names, verifier_caps
-
     out = []
     for name in strategy_names(pm).get("verifier", []):
         try:

@@ -14,6 +14,8 @@ import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from ..kernels.kv_relocate import relocate_kv_naive
+from ..runtime.kv_cache import PagedKVCache
 from ..types import TreeMeta
 from .kit import register
 from .oracles import children_lists, unpack_mask
@@ -92,8 +94,6 @@ def reused_buffers_keep_no_stale_state(subject, ctx):
 
 # ----------------------------------------------------------------------------- relocation
 def _cache(heads, head_dim, block_size, batch, seq_len, seed, device):
-    from ..runtime.kv_cache import PagedKVCache
-
     cache = PagedKVCache(len(heads), heads, head_dim, max_batch_size=batch, max_seq_len=seq_len,
                          block_size=block_size, device=device, dtype=torch.float32)
     for end in range(block_size, seq_len + block_size, block_size):  # interleaved block tables
@@ -127,8 +127,6 @@ def relocation_cases(draw, max_path: int):
 
 @register("relocator", "accepted KV moves to committed + j and nothing else changes", ci=25, gpu=500)
 def relocation_matches_a_per_token_loop(subject, ctx):
-    from ..kernels.kv_relocate import relocate_kv_naive
-
     relocate, max_path = subject.obj, subject.caps
 
     @ctx.settings_for(relocation_matches_a_per_token_loop)

@@ -11,10 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+from ..config import SpecConfig
+from ..registry import get_plugin_manager, resolve_tree_policy, strategy_names, verifier_caps
+from .profiles import PROFILES
+
+if TYPE_CHECKING:
+    from .kit import Subject
 
 __all__ = ["main", "subjects", "check", "add_arguments", "run_args", "PROFILES"]
-
-PROFILES = ("ci", "gpu")  # `kit.Context` accepts these; here too so the flags need no hypothesis
 
 SPECIAL = {"build-tree": "tree-builder", "relocate-kv": "relocator"}
 KINDS = {"drafter": "drafter", "verifier": "verifier", "tree": "tree-policy"}
@@ -23,9 +29,7 @@ POLICY_DEFAULTS = {"dynamic": dict(topk=2), "sampled": dict(topk=2)}  # a valid 
 
 def subjects(names, pm, config: dict, options: dict) -> list[Subject]:
     """One `Subject` per (name, kind); unknown names are a ValueError listing the known ones."""
-    from ..config import SpecConfig
-    from ..registry import resolve_tree_policy, strategy_names, verifier_caps
-    from .kit import Subject
+    from .kit import Subject  # here, not at the top: kit imports hypothesis and torch, the flags need neither
 
     declared = strategy_names(pm)
     by_name: dict[str, list[str]] = {}
@@ -66,10 +70,10 @@ def check(names=(), *, device="cpu", profile="ci", config=None, options=None, pm
     `only`: run only properties whose name contains this text; `out`: where the table goes
     (default: sys.stdout at call time); `shrink=False` reports a failure as first found.
     """
-    import torch
+    import torch  # here, not at the top (nor kit, suite): `specdec check --help` imports neither torch nor hypothesis
 
-    from ..registry import get_plugin_manager
-    from .kit import Context, properties_for, run_property
+    from .kit import Context, run_property
+    from .suite import properties_for
 
     pm = pm or get_plugin_manager()
     out = out or sys.stdout

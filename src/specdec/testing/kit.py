@@ -6,6 +6,9 @@ A `Property` is a named check of one kind of strategy ("tree-builder", "verifier
 hypothesis' falsifying example) when the strategy breaks it. Example counts are per
 property and per profile (`ci`: derandomized, CPU-sized; `gpu`: many examples), scaled to
 the property's cost, so `specdec check --profile gpu` stays within minutes.
+
+This module imports no check module: they import it (to `register`), and `suite` imports
+them all and picks a subject's properties (`suite.properties_for`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-from .cli import PROFILES
+from .profiles import PROFILES
 
-__all__ = ["Context", "Subject", "Property", "Result", "PROFILES", "register", "properties_for", "run_property", "references_on_cpu"]
+__all__ = ["Context", "Subject", "Property", "Result", "PROFILES", "register", "run_property", "references_on_cpu"]
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class Result:
     error: str = ""
 
 
-_REGISTRY: list[Property] = []
+_REGISTRY: list[Property] = []  # filled as the check modules are imported (`suite` imports them all)
 
 
 def register(kind: str, name: str, *, ci: int, gpu: int, applies=None):
@@ -129,13 +132,6 @@ def register(kind: str, name: str, *, ci: int, gpu: int, applies=None):
         return fn
 
     return wrap
-
-
-def properties_for(subject: Subject) -> list[Property]:
-    """The registered properties of the subject's kind that apply to it (registration order)."""
-    from . import check_drafters, check_policies, check_trees, check_verifiers  # noqa: F401  (they register)
-
-    return [p for p in _REGISTRY if p.kind == subject.kind and p.applies(subject)]
 
 
 def run_property(prop: Property, subject: Subject, ctx: Context) -> Result:

@@ -27,7 +27,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .prompts import QUESTIONS, Prompt, frozen_heldout_prompts, read_prompts
+from .expand import build_conversations
+from .mix import header_prompts, instruct_prompts, math_prompts
+from .prompts import QUESTIONS, Prompt, dedup, frozen_heldout_prompts, read_prompts
 
 __all__ = ["CATEGORIES", "FROZEN_CATEGORIES", "PER_CATEGORY", "category_of", "frozen_category_prompts",
            "make_categories_heldout"]
@@ -74,9 +76,6 @@ def make_categories_heldout(generate, per_category: int = PER_CATEGORY, seed: in
         generate: a `expand.Generate` (e.g. `expand.target_generate(target)`) for the earlier
             answers of the multi-turn conversations.
     """
-    from .expand import build_conversations
-    from .mix import dedup, header_prompts, instruct_prompts, math_prompts
-
     if per_category < 2:
         raise ValueError(f"per_category={per_category} must be >= 2")
     old = frozen_heldout_prompts()

@@ -23,18 +23,33 @@ import json
 import sys
 from pathlib import Path
 
+from .categories import frozen_category_prompts, make_categories_heldout
+from .expand import target_generate
+from .plot import plot_training_log
+from .prompts import (
+    frozen_edit_prompts,
+    frozen_heldout_prompts,
+    heldout_prompts,
+    make_frozen_heldout,
+    sample_prompts,
+    write_prompts,
+)
+
+# The modules that import torch (specdec.models, trainer, pipeline, evaluate) are imported in the
+# commands that use them, not here: `specdec train --help` imports no torch (tests/test_cli_startup.py).
+
 __all__ = ["main"]
 
 def _target_path(spec: str):
     if spec.lower() == "smollm2":
-        from specdec.models import smollm2_gguf_path
+        from specdec.models import smollm2_gguf_path  # torch: see the note at the top
 
         return smollm2_gguf_path()
     return Path(spec).expanduser()
 
 
 def _device(spec: str):
-    import torch
+    import torch  # see the note at the top
 
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -42,7 +57,7 @@ def _device(spec: str):
 
 
 def _dtype(spec: str):
-    import torch
+    import torch  # see the note at the top
 
     dtype = getattr(torch, spec, None)
     if not isinstance(dtype, torch.dtype):
@@ -51,17 +66,13 @@ def _dtype(spec: str):
 
 
 def _load_target(args, device):
-    from specdec.models import load_target
+    from specdec.models import load_target  # torch: see the note at the top
 
     return load_target(_target_path(args.target), device=device, dtype=_dtype(args.dtype))
 
 
 def _prompts_for_eval(args):
-    from .prompts import frozen_edit_prompts, frozen_heldout_prompts, heldout_prompts
-
     if args.eval_source == "categories":
-        from .categories import frozen_category_prompts
-
         return frozen_category_prompts(args.eval_prompts)  # eval_prompts: per category
     if args.eval_source == "frozen":
         return frozen_heldout_prompts(args.eval_prompts)
@@ -71,7 +82,7 @@ def _prompts_for_eval(args):
 
 
 def _train_config(args):
-    from .trainer import TrainConfig
+    from .trainer import TrainConfig  # torch: see the note at the top
 
     layers = tuple(int(x) for x in args.capture_layers.split(",")) if args.capture_layers else None
     return TrainConfig(
@@ -86,7 +97,7 @@ def _train_config(args):
 
 
 def _cmd_train(args, argv) -> int:
-    from .pipeline import RECIPES, run_pipeline
+    from .pipeline import RECIPES, run_pipeline  # torch: see the note at the top
 
     if args.val_prompts < 0:
         raise SystemExit(f"--val-prompts {args.val_prompts} is negative; allowed: an int >= 0 (0: validate on a "
@@ -102,7 +113,7 @@ def _cmd_train(args, argv) -> int:
 
 # --------------------------------------------------------------------------- others
 def _cmd_eval(args, argv) -> int:
-    from .evaluate import HEADLESS_DRAFTERS, evaluate_head, format_table
+    from .evaluate import HEADLESS_DRAFTERS, evaluate_head, format_table  # torch: see the note at the top
 
     device = _device(args.device)
     target = _load_target(args, device)
@@ -126,8 +137,6 @@ def _cmd_eval(args, argv) -> int:
 
 
 def _cmd_prompts(args, argv) -> int:
-    from .prompts import make_frozen_heldout, sample_prompts, write_prompts
-
     mix = None
     if args.mix:
         mix = {k: float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
@@ -144,10 +153,6 @@ def _cmd_prompts(args, argv) -> int:
 
 
 def _cmd_categories(args, argv) -> int:
-    from .categories import make_categories_heldout
-    from .expand import target_generate
-    from .prompts import write_prompts
-
     target = _load_target(args, _device(args.device))
     generate = target_generate(target, max_new_tokens=args.history_tokens, batch_size=args.per_category, seed=args.seed)
     prompts = make_categories_heldout(generate, args.per_category, args.seed)
@@ -156,8 +161,6 @@ def _cmd_categories(args, argv) -> int:
 
 
 def _cmd_plot(args, argv) -> int:
-    from .plot import plot_training_log
-
     png = args.png or str(Path(args.log).with_name("training_curves.png"))
     print(plot_training_log(args.log, png))
     return 0

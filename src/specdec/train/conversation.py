@@ -70,6 +70,6 @@ def encode_any(prompt: Prompt, tokenizer, vocab_size: int | None = None) -> list
 def build_mix_distill_data(target, prompts: list[Prompt], **kw):
     """`distill.build_distill_data` for prompts of any kind (multi-turn included): the same
     keyword arguments, `DistillData` and meta keys, with `encode_any` as the encoder."""
-    from .distill import build_distill_data
+    from .distill import build_distill_data  # here, not at the top: distill imports torch, the prompt tools need none
 
     return build_distill_data(target, prompts, encode=encode_any, **kw)

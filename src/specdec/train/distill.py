@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from specdec.runtime.batch import decode_batch, prefill_batch
 from specdec.runtime.kv_cache import PagedKVCache
@@ -267,8 +269,6 @@ class _DecodeStep:
                 raise RuntimeError("graph replay differs from the eager forward")
             self.graph = graph
         except Exception as err:  # noqa: BLE001 - any capture problem: fall back to eager
-            import warnings
-
             warnings.warn(f"CUDA-graph decode disabled ({type(err).__name__}: {err}); decoding eagerly", stacklevel=2)
             self.graph = None
             torch.cuda.synchronize()
@@ -288,8 +288,6 @@ class _DecodeStep:
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="generate", unit="resp", smoothing=0.1)
 
 

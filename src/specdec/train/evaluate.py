@@ -20,7 +20,8 @@ import warnings
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
+from specdec.validation import model_context_length
 
 from .categories import CATEGORIES, category_of
 from .conversation import encode_any
@@ -62,8 +63,6 @@ def _fitting(prompts: list[Prompt], ids: list[list[int]], target, max_new_tokens
     """The prompts whose tokens plus `max_new_tokens` fit the target's own context
     (`max_position_embeddings`); the rest are left out with a warning that counts them (an
     evaluation set cut from long files can hold prompts a small target cannot read)."""
-    from ..validation import model_context_length
-
     context = model_context_length(target)
     if context is None:
         return prompts, ids

@@ -20,8 +20,8 @@ import random
 import re
 from collections.abc import Callable
 
-from .conversation import MULTI_TURN, messages_prompt
-from .prompts import Prompt
+from .conversation import MULTI_TURN, encode_messages, messages_prompt
+from .prompts import Prompt, dedup, normalize
 
 __all__ = ["FOLLOW_UPS", "HELDOUT_FOLLOW_UPS", "Generate", "build_conversations", "clean_instruction", "self_instruct",
            "target_generate"]
@@ -83,8 +83,6 @@ def self_instruct(generate: Generate, seeds: list[Prompt], *, per_seed: int = 1,
     kind and source plus ``|self``, so `mix.split_of` gives it the seed's split: expanding
     training seeds never yields held-out kinds.
     """
-    from .mix import dedup, normalize
-
     if per_seed < 1:
         raise ValueError(f"per_seed={per_seed} must be >= 1")
     bad = [p.kind for p in seeds if not p.chat]
@@ -166,8 +164,7 @@ def build_conversations(generate: Generate, seeds: list[Prompt], *, turns: tuple
 def target_generate(target, *, max_new_tokens: int = 128, batch_size: int = 64, temperature: float = 0.0, seed: int = 0,
                     cuda_graph: bool = False, progress: bool = False) -> Generate:
     """A `Generate` backed by `target` (its chat template, `distill.generate_responses`; greedy by default)."""
-    from .conversation import encode_messages
-    from .distill import generate_responses
+    from .distill import generate_responses  # here, not at the top: distill imports torch, the prompt tools need none
 
     tok = target.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):

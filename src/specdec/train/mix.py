@@ -17,7 +17,9 @@ template (or style) is in a held-out list (`HELDOUT_TOPICS`, `HELDOUT_TEMPLATES`
 held-out prompt is a kind of request training never saw: an unseen topic or an unseen way of
 asking, not merely an unseen file. `Prompt.source` is ``mix:<family>:<topic>|<template>``
 and `split_of` decides the split from it alone. Every list is sorted and every draw seeded, so
-the same seed gives the same prompts on every machine. Duplicates (by `normalize`) are dropped.
+the same seed gives the same prompts on every machine. Duplicates (by `normalize`) are dropped;
+`normalize` and `dedup` live in `prompts` (re-exported here), so `expand`, which `mix` imports,
+uses them without importing `mix`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..checks import check_int
-from .prompts import ROOTS, Prompt, sample_prompts
+from .expand import HELDOUT_FOLLOW_UPS, build_conversations, self_instruct
+from .prompts import ROOTS, Prompt, dedup, normalize, sample_prompts
 
 __all__ = [
     "FAMILIES",
@@ -196,27 +199,10 @@ def split_of(source: str) -> str:
         "math": (HELDOUT_MATH_TOPICS, HELDOUT_MATH_TEMPLATES),
         "header": (HELDOUT_HEADER_DOMAINS, HELDOUT_HEADER_STYLES),
     }[family]
-    from .expand import HELDOUT_FOLLOW_UPS  # extra parts: follow-up ids of multi-turn prompts
 
+    # extra parts: follow-up ids of multi-turn prompts (`expand`)
     extra_held = any(p.startswith("mt:") and p[3:] in HELDOUT_FOLLOW_UPS for p in rest[2:])
     return "heldout" if topic in held_topics or template in held_templates or extra_held else "train"
-
-
-def normalize(text: str) -> str:
-    """The text duplicates are judged on: lower case, punctuation dropped, whitespace collapsed."""
-    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
-
-
-def dedup(prompts: list[Prompt]) -> list[Prompt]:
-    """`prompts` without the later ones whose `normalize`d text and variant were already seen
-    (order kept): a sampled variant of a prompt is not a duplicate of its greedy original."""
-    seen, out = set(), []
-    for p in prompts:
-        key = (normalize(p.text), p.variant)
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out
 
 
 def _topic_category(domain: str) -> str:
@@ -406,8 +392,6 @@ def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig
     for family in FAMILIES:
         out += family_prompts(family, split, counts[family], seed, variants=config.max_variants)
     if generate is not None:
-        from .expand import build_conversations, self_instruct
-
         seeds = family_prompts("instruct", split, max(counts["self_instruct"], counts["multi_turn"]), seed + 1)
         want = counts["self_instruct"]
         new = []

@@ -10,16 +10,34 @@ head kinds (trainer, saver, drafter name, what the record says of the head) is a
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import shlex
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+
+from specdec.drafters.eagle3_checkpoint import save_eagle3
+from specdec.drafters.mtp_checkpoint import save_draft_vocab, save_mtp
+
+from . import prompts as prompt_sources  # `prompt_sources.sample_prompts`: looked up when called (tests replace it)
+from .categories import frozen_category_prompts
+from .conversation import build_mix_distill_data
+from .data import split_validation
+from .distill import DistillData, build_distill_data
+from .evaluate import evaluate_head, format_table
+from .expand import target_generate
+from .mix import MixConfig, normalize, sample_mix
+from .mtp_trainer import train_mtp
+from .plot import plot_training_log
+from .prompts import frozen_heldout_prompts, read_prompts, write_prompts
+from .trainer import _ordered, category_of_kind, train_eagle3
+from .vocab import build_vocab_map, coverage, token_counts
 
 __all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "estimate_vs_measured", "heldout_val_prompts", "load_or_make_data",
            "load_or_make_val_data", "run_pipeline", "validation_table"]
@@ -66,10 +84,6 @@ class HeadRecipe:
 
 
 def _eagle3_recipe() -> HeadRecipe:
-    from specdec.drafters.eagle3_checkpoint import save_eagle3
-
-    from .trainer import train_eagle3
-
     def head_lines(result):
         c = result.head.config
         return [
@@ -82,20 +96,11 @@ def _eagle3_recipe() -> HeadRecipe:
 
 
 def _mtp_recipe() -> HeadRecipe:
-    from specdec.drafters.mtp_checkpoint import save_mtp
-
-    from .mtp_trainer import train_mtp
-
     def head_lines(result):
         return [f"config: `{json.dumps(asdict(result.head.config), default=str)}`"]
 
     def draft_vocab(out: Path, target, data, cfg) -> list[str]:
         """draft_vocab.safetensors: the cfg.draft_vocab_size most frequent training targets."""
-        from specdec.drafters.mtp_checkpoint import save_draft_vocab
-
-        from .data import split_validation
-        from .vocab import build_vocab_map, coverage, token_counts
-
         V = target.info.vocab_size
         if cfg.draft_vocab_size >= V:
             return ["draft vocabulary: none (drafting covers the whole vocabulary)"]
@@ -124,10 +129,6 @@ def _mix_config(args):
     """The `mix.MixConfig` of ``--data-mix diverse``: ``--mix-shares`` (the named shares are the
     whole mix, others 0; none given: `MixConfig`'s defaults) and ``--roots``; the frozen
     evaluation sets' texts are excluded from training."""
-    from .categories import frozen_category_prompts
-    from .mix import MixConfig, normalize
-    from .prompts import frozen_heldout_prompts
-
     shares = {}
     if getattr(args, "mix_shares", None):
         try:
@@ -146,20 +147,13 @@ def _mix_config(args):
 
 
 def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"):
-    from .expand import target_generate
-    from .mix import sample_mix
-
     kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.gen_batch_size, "cuda_graph": args.gen_cuda_graph != "off"}
     generate = target_generate(target, seed=args.seed, **kw)
     if split == "train":  # self-instruct tries past its angles sample (greedy they would repeat)
         sample = target_generate(target, temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed + 1, **kw)
         return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate, sample=sample)
-    from dataclasses import replace
-
     config = replace(_mix_config(args), max_variants=1)  # validation: greedy answers to distinct prompts only
     prompts = sample_mix(n, args.seed + VAL_SEED_OFFSET, split=split, config=config, generate=generate)
-    from .mix import normalize
-
     # sample_mix tops up with source-file prompts without looking at exclude_texts; the frozen
     # evaluation sets are cut from the held-out split, so filter them out here
     return [p for p in prompts if normalize(p.text) not in config.exclude_texts]
@@ -177,8 +171,6 @@ def _data_settings(args) -> dict:
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, seed=args.seed, roots=args.roots,
     )
     if getattr(args, "data_mix", "source") == "diverse":  # only then, so caches made before the flag existed stay valid
-        from .mix import MixConfig
-
         settings.update(data_mix="diverse", mix_shares=getattr(args, "mix_shares", None),
                         max_variants=getattr(args, "max_variants", MixConfig.max_variants),
                         variant_temperature=getattr(args, "variant_temperature", None))
@@ -194,10 +186,6 @@ def load_or_make_val_data(args, target, work: Path, phases: Phases, generation_t
     n = getattr(args, "val_prompts", 0) or 0
     if getattr(args, "data_mix", "source") != "diverse" or n == 0:
         return None
-    from .conversation import build_mix_distill_data
-    from .distill import DistillData
-    from .prompts import write_prompts
-
     settings = dict(_data_settings(args), val_prompts=n, val_split="heldout", val_seed_offset=VAL_SEED_OFFSET)
     path = work / "val_data.pt"
     if path.is_file() and not args.regenerate:
@@ -234,8 +222,6 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
     ``--regenerate`` starts over. generation_target() gives the target that generates (default
     `target`; `GenerationTarget` loads it in ``--gen-dtype`` only when something is generated).
     """
-    from .distill import DistillData, build_distill_data
-
     settings = _data_settings(args)
     diverse = getattr(args, "data_mix", "source") == "diverse"
     path, responses = work / "data.pt", work / "responses.pt"
@@ -251,13 +237,12 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
             _set_aside_checkpoint(work, "the data grows")
         else:
             print(f"[specdec.train] {path} was made with other settings; regenerating")
-    if diverse:
-        from .conversation import build_mix_distill_data as build_distill_data  # noqa: F811 - multi-turn aware
+    build = build_mix_distill_data if diverse else build_distill_data  # the first is multi-turn aware
     gen = generation_target() if generation_target is not None else target
     prompts = _cached_prompts(args, gen, work, phases, settings, diverse)
     deadline = None if args.gen_minutes is None else time.perf_counter() + 60 * args.gen_minutes
     data = phases.run(
-        "generate", build_distill_data, gen, prompts, max_new_tokens=args.max_new_tokens,
+        "generate", build, gen, prompts, max_new_tokens=args.max_new_tokens,
         batch_size=args.gen_batch_size, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
         variant_temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed, deadline=deadline,
         cuda_graph=args.gen_cuda_graph != "off", resume_path=responses,
@@ -276,8 +261,6 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
 def _cached_prompts(args, target, work: Path, phases: Phases, settings: dict, diverse: bool) -> list:
     """The training prompts: <work>/prompts.jsonl when made with the same settings (the diverse
     mix's self-instruct and multi-turn prompts take the target a minute to write), else new ones."""
-    from .prompts import read_prompts, sample_prompts, write_prompts
-
     path, meta = work / "prompts.jsonl", work / "prompts.settings.json"
     if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
         prompts = read_prompts(path)
@@ -286,7 +269,7 @@ def _cached_prompts(args, target, work: Path, phases: Phases, settings: dict, di
     if diverse:
         prompts = phases.run("prompts (diverse mix)", _diverse_prompts, args, target)
     else:
-        prompts = phases.run("prompts", sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
+        prompts = phases.run("prompts", prompt_sources.sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
     write_prompts(prompts, path)
     meta.write_text(json.dumps(settings, sort_keys=True))
     return prompts
@@ -328,8 +311,6 @@ def estimate_vs_measured(last_val: dict | None, eval_rows: list[dict] | None) ->
         return []
     est = {c: v["est_tau"] for c, v in last_val.get("categories", {}).items()}
     measured = [r.get("tau_by_category", {}) for r in drafted]
-    from .trainer import _ordered
-
     cats = _ordered(list(est) + [c for m in measured for c in m])  # the evaluation table's order
     chain = next((i for i, r in enumerate(drafted) if r.get("setup") == "linear"), None)
     head = "| category | est. tau (training) | " + "".join(f"measured tau ({r['name']}) | " for r in drafted)
@@ -351,8 +332,6 @@ def _validation_line(data, val_data, cfg) -> str:
     if val_data is None:
         return (f"- validation set: a seeded {cfg.val_fraction:.1%} share of the training data (training topics and "
                 f"templates; the rest trains)")
-    from .trainer import category_of_kind
-
     cats = [category_of_kind(k) for k in val_data.kinds]
     return (f"- validation set: {len(val_data)} sequences self-distilled the same way from "
             f"{val_data.meta.get('prompts_asked')} prompts of the diverse mix's HELD-OUT split (unseen topics, templates, "
@@ -363,16 +342,12 @@ def _validation_line(data, val_data, cfg) -> str:
 
 def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, phases: Phases, eval_rows,
                   extra_lines: list[str], val_data=None) -> None:
-    from .evaluate import format_table
-
     head = result.head
     n_params = sum(p.numel() for p in head.parameters())
     dev = next(head.parameters()).device
     machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
     size = (out / "model.safetensors").stat().st_size
     kinds = ", ".join(f"{k} {data.kinds.count(k)}" for k in sorted(set(data.kinds)))
-    from .trainer import category_of_kind
-
     cats = [category_of_kind(k) for k in data.kinds]
     categories = ", ".join(f"{c} {cats.count(c)}" for c in sorted(set(cats)))
     lines = [
@@ -460,8 +435,6 @@ class GenerationTarget:
         if _dtype_name(self.target) == self.dtype:
             return self.target
         if self._loaded is None:
-            import argparse
-
             args = argparse.Namespace(**{**vars(self.args), "dtype": self.dtype})
             self._loaded = self.phases.run(f"load target ({self.dtype}, generation)", self.load_target, args, self.device)
         return self._loaded
@@ -498,8 +471,6 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
         load_target(args, device), train_config(args), eval_prompts(args): the command line's
             readers of its own flags.
     """
-    from .evaluate import evaluate_head, format_table
-
     phases = Phases()
     out = Path(args.out).expanduser()
     work = Path(args.work).expanduser() if args.work else out.with_name(out.name + ".work")
@@ -518,8 +489,6 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
         return 0
     cfg = train_config(args)
     if val_data is not None:  # every training sequence trains (as the trainers do with val_data=), and the record says so
-        from dataclasses import replace
-
         cfg = replace(cfg, val_fraction=0.0)
     log_path = out / "train_log.jsonl"
     if not args.resume or not (work / "checkpoint").exists():
@@ -530,9 +499,7 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
     extra_lines = recipe.extras(out, target, data, cfg) if recipe.extras is not None else []
     size = (out / "model.safetensors").stat().st_size
     print(f"[specdec.train] head: {out / 'model.safetensors'} ({size / 1e6:.2f} MB, bf16)")
-    try:
-        from .plot import plot_training_log
-
+    try:  # matplotlib is optional: plot_training_log raises ImportError without it
         phases.run("plot", plot_training_log, log_path, out / "training_curves.png", title=f"{recipe.title} for {args.target}")
     except ImportError as e:
         print(f"[specdec.train] no PNG: {e}; later: python -m specdec.train plot --log {log_path}")

@@ -22,7 +22,7 @@ def read_log(path) -> list[dict]:
 
 
 def _matplotlib():
-    try:
+    try:  # here, not at the top: matplotlib is optional (specdec[train]), only plotting needs it
         import matplotlib
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("plotting needs matplotlib: pip install 'specdec[train]'") from e

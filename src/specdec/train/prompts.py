@@ -44,12 +44,14 @@ __all__ = [
     "HELDOUT_FRACTION",
     "Prompt",
     "SourceFile",
+    "dedup",
     "discover_sources",
     "encode_prompt",
     "frozen_heldout_prompts",
     "heldout_prompts",
     "is_heldout",
     "make_frozen_heldout",
+    "normalize",
     "sample_prompts",
     "write_prompts",
     "read_prompts",
@@ -438,6 +440,23 @@ def sample_prompts(
             if prompt is not None and prompt.text not in seen and len(out) < n:
                 seen.add(prompt.text)
                 out.append(prompt)
+    return out
+
+
+def normalize(text: str) -> str:
+    """The text duplicates are judged on: lower case, punctuation dropped, whitespace collapsed."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def dedup(prompts: list[Prompt]) -> list[Prompt]:
+    """`prompts` without the later ones whose `normalize`d text and variant were already seen
+    (order kept): a sampled variant of a prompt is not a duplicate of its greedy original."""
+    seen, out = set(), []
+    for p in prompts:
+        key = (normalize(p.text), p.variant)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
     return out
 
 

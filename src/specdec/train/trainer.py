@@ -35,12 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from specdec.config import resolve_capture_layers
 from specdec.drafters.eagle3_checkpoint import load_eagle3, save_eagle3
 from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model
 
+from .categories import CATEGORIES, category_of
 from .data import collate, epoch_batches, split_validation
+from .prompts import Prompt
 from .teacher import teacher_forward
 from .ttt import estimated_accept_length, ttt_unroll
 from .vocab import build_vocab_map, coverage, token_counts
@@ -289,16 +292,11 @@ def prepare_run(target, data, cfg: "TrainConfig", *, work_dir, log_path, resume:
 def category_of_kind(kind: str) -> str:
     """The evaluation category (`categories.category_of`) of a training sequence's prompt kind,
     so validation during training and the evaluation table group sequences the same way."""
-    from .categories import category_of
-    from .prompts import Prompt
-
     return category_of(Prompt(kind, "", "", False))
 
 
 def _ordered(categories) -> list[str]:
     """The categories given, `categories.CATEGORIES` first in their order, then others sorted."""
-    from .categories import CATEGORIES
-
     present = set(categories)
     return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
 
@@ -504,8 +502,6 @@ def run_training_loop(
     deadline = None if cfg.max_minutes is None else t_start + 60 * cfg.max_minutes
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=total, initial=step, desc="train", unit="step", smoothing=0.05)
     acc_loss = torch.zeros((), device=device)
     acc_step_loss, acc_correct, acc_count = (torch.zeros(S, device=device) for _ in range(3))
