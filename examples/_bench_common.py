@@ -25,10 +25,10 @@ import torch
 
 from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model, init_random_
 
-try:  # the user API (issue 11); older trees export it from specdec.decoder only
+try:  # the user API (issue 11); older trees export it from specdec.entrypoints.decoder only
     from specdec import SpecDecoder
 except ImportError:  # pragma: no cover - depends on the tree's age
-    from specdec.decoder import SpecDecoder
+    from specdec.entrypoints.decoder import SpecDecoder
 
 __all__ = [
     "FilePrompt",
@@ -412,7 +412,7 @@ def _profile_steps(engine, requests, steps: int) -> tuple[int, int, int, dict[st
     `kernel_times`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from specdec.request import RUNNING
+    from specdec.engine.request import RUNNING
 
     done = 0
     torch.cuda.synchronize(engine.device)
@@ -482,7 +482,7 @@ def kernels_per_step(decoder, prompts: list[list[int]], *, max_new_tokens: int, 
     if steps <= 0:
         return None, "not counted (steps=0)"
     from specdec import SamplingParams
-    from specdec.request import RUNNING
+    from specdec.engine.request import RUNNING
 
     requests = []
     phases = engine.phase_timing

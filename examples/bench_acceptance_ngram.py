@@ -28,7 +28,7 @@ import time
 import torch
 
 from specdec import SamplingParams, SpecConfig
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.models import load_target, smollm2_gguf_path
 from specdec.train.prompts import frozen_edit_prompts
 

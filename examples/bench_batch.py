@@ -11,7 +11,7 @@ output tok/s:
 - fixed: EAGLE-3 chain D=5 speculating every step;
 - adaptive: the same with `SpecConfig(adaptive=True)` (a plain step per bucket beside the
   speculative one, chosen per step by expected tokens per second: each request's per-depth
-  acceptance over the bucket's measured step time; see `specdec.adaptive`). Per adaptive
+  acceptance over the bucket's measured step time; see `specdec.engine.adaptive`). Per adaptive
   run it prints, per bucket and variant, the steps, the probes and the predicted vs measured
   tokens per second (step tokens / step seconds), so a wrong decision can be read off.
 
@@ -46,8 +46,8 @@ from _bench_common import (JsonLines, SpecDecoder, TimedRegion, fmt, header, log
 from _gpu_clocks import GpuClocks
 
 from specdec import SamplingParams, SpecConfig, hookimpl
-from specdec.adaptive import DecisionLog
-from specdec.step_timing import HOST_PARTS
+from specdec.engine.adaptive import DecisionLog
+from specdec.engine.step_timing import HOST_PARTS
 from specdec.registry import get_plugin_manager
 from specdec.ops import verify_greedy
 from specdec.types import Acceptance, TreeMeta

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from _bench_common import log, markdown_table
 
-from specdec.adaptive import PLAIN, SPECULATIVE, AdaptiveRule
+from specdec.engine.adaptive import PLAIN, SPECULATIVE, AdaptiveRule
 
 DEPTH = 5  # EAGLE-3 chain D=5, the shipped head's setup
 

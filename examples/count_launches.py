@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from _bench_common import random_eagle3_head  # noqa: E402
 from bench_cycle import QUICK_TARGET, build_target, head_config  # noqa: E402
 from specdec import SamplingParams, SpecConfig  # noqa: E402
-from specdec.decoder import SpecDecoder  # noqa: E402
+from specdec.entrypoints.decoder import SpecDecoder  # noqa: E402
 from specdec.models import fused  # noqa: E402
 
 SETUPS = {

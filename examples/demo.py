@@ -25,7 +25,7 @@ import torch
 
 from specdec import SamplingParams, SpecConfig
 from specdec.cpu_threads import apply_threads
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.models import load_target, smollm2_gguf_path
 
 QUESTIONS = [

@@ -12,7 +12,7 @@ import pytest
 
 import specdec.models
 from specdec import SpecDecoder
-from specdec.cli import main
+from specdec.entrypoints.cli import main
 from specdec.drafters.eagle3_checkpoint import save_eagle3
 
 from _chat_tokenizer import save_chat_tokenizer

@@ -13,7 +13,7 @@ import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.adaptive import DecisionLog, StepCosts
+from specdec.engine.adaptive import DecisionLog, StepCosts
 
 from _mtp_heads import bigram_oracle_mtp, e2e_cpu, random_mtp  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""The adaptive speculation rule alone (`specdec.adaptive`), with planted step times and
+"""The adaptive speculation rule alone (`specdec.engine.adaptive`), with planted step times and
 acceptance histories: its estimates match hand computations, it speculates exactly when the
 expected tokens per second say so, it probes the other variant at doubling intervals (plain
 only while it could win at its warm-up time) and resets them when a probe flips the choice, and after a request's acceptance collapses it
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specdec.adaptive import DEFERRED, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
+from specdec.engine.adaptive import DEFERRED, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
 
 D = 4  # draft depth of the planted engine (a chain: N - 1 = 4 drafts)
 

@@ -1,7 +1,7 @@
 """The `specdec` command: one-line errors with exit code 2 before any weights load, every
 config field as a flag with its default and description, the shipped aliases, chat by
 default (`--raw` for completions), output labelled by prompt with a stats line each, and
-answers equal to the library's. Runs `specdec.cli.main` in-process on a tiny target with a
+answers equal to the library's. Runs `specdec.entrypoints.cli.main` in-process on a tiny target with a
 chat template (`_chat_tokenizer`) and a random EAGLE-3 head."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.cli import _Printer, command, head_kind, resolve_draft
+from specdec.entrypoints.cli import _Printer, command, head_kind, resolve_draft
 from specdec.models import load_target
 
 from _cli_world import no_loading, run, tiny  # noqa: F401  (fixtures)

@@ -42,7 +42,7 @@ def _env(**extra) -> dict[str, str]:
 
 def _specdec(argv: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, set[str]]:
     """`specdec ARGV` in a fresh interpreter: (the finished process, top-level packages it imported)."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "specdec.cli", *argv],
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "specdec.entrypoints.cli", *argv],
                           check=False, capture_output=True, text=True, env=env, timeout=120)
     imported = {line.rsplit("|", 1)[1].strip().split(".")[0]
                 for line in done.stderr.splitlines() if line.startswith("import time:") and "|" in line}
@@ -105,7 +105,7 @@ def test_declared_names_are_the_registry_names(installed_example_plugin, load_en
 
 
 def test_the_dtype_choices_are_the_validated_ones():
-    from specdec import cli
+    from specdec.entrypoints import cli
     from specdec.validation import DTYPES
 
     assert cli.DTYPES == DTYPES
@@ -114,7 +114,7 @@ def test_the_dtype_choices_are_the_validated_ones():
 def test_serve_without_its_server_packages_names_a_mistyped_flag_first():
     """A machine without FastAPI / uvicorn (the H200's) still hears about the typo first,
     then about the missing packages, and imports no torch for either."""
-    code = ("import sys; sys.modules['uvicorn'] = None; from specdec.cli import main; "
+    code = ("import sys; sys.modules['uvicorn'] = None; from specdec.entrypoints.cli import main; "
             "sys.argv = ['specdec'] + sys.argv[1:]; sys.exit(main())")
     run = lambda *argv: subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,  # noqa: E731
                                        env=_env(), timeout=120)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdec import Acceptance
-from specdec.cli import main as specdec_main
+from specdec.entrypoints.cli import main as specdec_main
 from specdec.hookspecs import hookimpl
 from specdec.plugins import greedy
 from specdec.policies import DynamicPolicy

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec import ConfigError, SamplingParams, SpecConfig, SpecDecoder
-from specdec.chat import encode_conversation
+from specdec.entrypoints.chat import encode_conversation
 from specdec.models import load_target
 
 from _chat_tokenizer import STRICT, chat_tokenizer, save_chat_tokenizer

@@ -89,7 +89,7 @@ def test_bad_heads_and_options_are_clear_errors(target, head_path, tmp_path):
 
 @pytest.mark.parametrize("tree, topk", [("linear", None), ("dynamic", 3)])
 def test_greedy_generation_with_a_random_head_equals_target_only_decoding(target, head_path, tree, topk):
-    from specdec.decoder import SpecDecoder
+    from specdec.entrypoints.decoder import SpecDecoder
 
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)

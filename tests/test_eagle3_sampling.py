@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdec import SamplingParams, SpecConfig
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.drafters.eagle3_checkpoint import save_eagle3
 from specdec.models import load_target
 from specdec.ops import sampling_probs

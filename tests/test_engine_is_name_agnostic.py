@@ -1,4 +1,4 @@
-"""The engine never branches on a strategy's name: engine.py, decoder.py, registry.py and runtime/
+"""The engine never branches on a strategy's name: engine/, the decoder, registry.py and runtime/
 ask strategy objects for capabilities only.
 
 Checked on the source (tokens and AST, so comments and docstrings do not count):
@@ -20,7 +20,8 @@ import pytest
 from specdec.registry import get_plugin_manager, strategy_names
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specdec"
-ENGINE_FILES = sorted([SRC / "engine.py", SRC / "decoder.py", SRC / "registry.py", *(SRC / "runtime").glob("*.py")])
+ENGINE_FILES = sorted([*(SRC / "engine").glob("*.py"), SRC / "entrypoints" / "decoder.py", SRC / "registry.py",
+                       *(SRC / "runtime").glob("*.py")])
 NAME_FIELDS = {"drafter", "verifier", "name"}
 
 
@@ -70,9 +71,18 @@ def names() -> set[str]:
     return out
 
 
+# Literals that equal a strategy name by coincidence, one per line, with what they name instead:
+# the adaptive rule's step variant "speculative" (beside "plain" and "deferred"), not the verifier.
+COINCIDENCES = {"engine/adaptive.py": ['SPECULATIVE, PLAIN, DEFERRED = "speculative", "plain", "deferred"']}
+
+
 @pytest.mark.parametrize("path", ENGINE_FILES, ids=lambda p: str(p.relative_to(SRC)))
 def test_engine_files_never_branch_on_a_strategy_name(path, names):
-    assert name_branches(path.read_text(), names) == []
+    source = path.read_text()
+    for line in COINCIDENCES.get(str(path.relative_to(SRC)), []):
+        assert source.count(line) == 1, f"{line!r} is listed as a coincidence but not found once"
+        source = source.replace(line, "pass")  # same line count: the reported lines stay true
+    assert name_branches(source, names) == []
 
 
 def test_the_checker_catches_each_kind_of_name_branch(names):

@@ -3,7 +3,7 @@ before loading with errors that name the flag, `--tree dynamic` alone, `specdec 
 no arguments, `--version`, suggestions for misspellings, help in user terms, the plugins
 table, a fast `--help`, and the GGUF reader as a dependency.
 
-Runs `specdec.cli.main` in-process on a tiny target with a chat template; the server's own
+Runs `specdec.entrypoints.cli.main` in-process on a tiny target with a chat template; the server's own
 behaviour (404 for an unknown model, the access log) is in test_server.py.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import specdec.cli as cli
+import specdec.entrypoints.cli as cli
 from specdec import ConfigError, SpecConfig, SpecDecoder
 from specdec.cpu_threads import auto_threads
 
@@ -189,7 +189,7 @@ def test_plugins_is_a_table_of_plugin_kind_and_name(capsys):
 
 
 def test_top_level_help_and_version_do_not_import_torch():
-    code = ("import sys; from specdec.cli import main\n"
+    code = ("import sys; from specdec.entrypoints.cli import main\n"
             "for argv in (['--help'], ['--version']):\n"
             "    try: main(argv)\n"
             "    except SystemExit: pass\n"

@@ -16,7 +16,7 @@ import torch
 
 from specdec import SamplingParams, SpecConfig, hookimpl
 from specdec.config import ConfigError
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.drafters.eagle3_checkpoint import Eagle3CheckpointError, save_eagle3
 from specdec.models import load_target
 from specdec.registry import get_plugin_manager

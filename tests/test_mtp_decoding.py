@@ -6,7 +6,7 @@ import torch
 
 import specdec
 from specdec import SamplingParams, SpecConfig
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.drafters.mtp_checkpoint import save_mtp
 from specdec.registry import get_plugin_manager
 

@@ -7,7 +7,7 @@ import pytest
 import specdec
 from specdec import SamplingParams, SpecConfig
 from specdec.config import ConfigError
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 
 from _mtp_heads import e2e_cpu  # noqa: F401  (fixture)
 from _mtp_heads import hf_greedy, make_bigram_checkpoint

@@ -167,7 +167,7 @@ def test_overlap_switched_off_mid_run_drains_the_step_in_flight(models):
 def test_each_decision_reaches_the_observer_with_its_own_steps_outcome(models):
     """With overlap the rule has chosen step n + 1 when step n's hand-off is read: the observer
     still gets step n's decision (`AdaptiveRule.done`), with step n's tokens."""
-    from specdec.adaptive import DecisionLog
+    from specdec.engine.adaptive import DecisionLog
 
     target, head, cfg = SETUPS["eagle3-adaptive"]
     dec = SpecDecoder.from_pretrained(models[target], models[head], SpecConfig(**{**BASE, **cfg}))
@@ -222,7 +222,7 @@ def test_overlapped_steps_from_cuda_graphs_give_the_replayed_tokens(tmp_path):
 
 
 def test_overlap_is_a_config_setting_checked_like_any_other():
-    from specdec.cli import build_parser
+    from specdec.entrypoints.cli import build_parser
     from specdec.config import ConfigError
 
     assert SpecConfig().overlap is False and SpecConfig(overlap=True).overlap is True

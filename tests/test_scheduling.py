@@ -228,7 +228,7 @@ def test_incremental_detokenization_never_splits_a_character():
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from specdec.streaming import IncrementalDetokenizer
+    from specdec.entrypoints.streaming import IncrementalDetokenizer
 
     corpus = ["héllo wörld, ça va? 世界你好 🎉🎉 naïve café", "plain ascii text with spaces", "日本語のテキスト"] * 20
     bpe = ByteLevelBPETokenizer()

@@ -26,7 +26,7 @@ httpx = pytest.importorskip("httpx")
 
 import specdec  # noqa: E402
 from specdec import SamplingParams, SpecConfig, SpecDecoder  # noqa: E402
-from specdec.server import build_app  # noqa: E402
+from specdec.entrypoints.server import build_app  # noqa: E402
 from specdec.testing.kit import references_on_cpu  # noqa: E402
 
 from _chat_tokenizer import save_chat_tokenizer  # noqa: E402
@@ -224,7 +224,7 @@ def test_an_unknown_model_is_a_404_naming_the_served_one(server):
 def test_every_request_is_one_access_log_line(server, caplog):
     import logging
 
-    with caplog.at_level(logging.INFO, logger="specdec.server"):
+    with caplog.at_level(logging.INFO, logger="specdec.entrypoints.server"):
         server["client"].completions.create(model="tiny", prompt=WORDS, max_tokens=5, temperature=0,
                                             extra_body={"ignore_eos": True})
         for _ in server["client"].completions.create(model="tiny", prompt=WORDS, max_tokens=3, temperature=0,
@@ -233,10 +233,10 @@ def test_every_request_is_one_access_log_line(server, caplog):
         with pytest.raises(openai.BadRequestError):
             server["client"].completions.create(model="tiny", prompt=WORDS, temperature=-1)
         for _ in range(100):  # the streamed request logs when its stream closes
-            if len([r for r in caplog.records if r.name == "specdec.server"]) >= 3:
+            if len([r for r in caplog.records if r.name == "specdec.entrypoints.server"]) >= 3:
                 break
             time.sleep(0.05)
-    lines = [r.getMessage() for r in caplog.records if r.name == "specdec.server"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "specdec.entrypoints.server"]
     assert len(lines) == 3, lines
     prompt = len(server["tok"](WORDS, add_special_tokens=False)["input_ids"])
     assert re.fullmatch(rf"POST /v1/completions 200 prompt_tokens={prompt} completion_tokens=5 seconds=[0-9.]+ "

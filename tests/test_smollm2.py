@@ -140,7 +140,7 @@ def test_real_drafters_on_smollm2_are_lossless_and_accept_real_drafts(smollm2, h
     from importlib import resources
 
     from specdec import SamplingParams, SpecConfig
-    from specdec.decoder import SpecDecoder
+    from specdec.entrypoints.decoder import SpecDecoder
     from specdec.train.prompts import encode_prompt, frozen_edit_prompts, frozen_heldout_prompts
 
     gguf, folder = smollm2

@@ -8,7 +8,7 @@ import pytest
 
 import specdec
 from specdec import SamplingParams, SpecConfig, SpecDecoder
-from specdec.cli import main
+from specdec.entrypoints.cli import main
 
 from _chat_tokenizer import save_chat_tokenizer
 from _eagle3_heads import saved_tiny_head
@@ -81,7 +81,7 @@ def test_each_steps_host_timeline_adds_up_to_its_time_per_bucket(chat_setup):
     """`StepTimes.host_split`: per (bucket, variant), the step's time split into before the
     launch / the launch / beside the device / the wait / after the hand-off (`HOST_PARTS`),
     every part >= 0, their sum the bucket's step seconds."""
-    from specdec.step_timing import HOST_PARTS, StepTimes
+    from specdec.engine.step_timing import HOST_PARTS, StepTimes
 
     dec = SpecDecoder.from_pretrained(chat_setup["target"], chat_setup["head"], CONFIG.replace(adaptive=True))
     dec.warmup(progress=False)

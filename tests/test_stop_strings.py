@@ -1,4 +1,4 @@
-"""Stop strings over streamed text (`specdec.server.StopMatcher`), however the text is cut
+"""Stop strings over streamed text (`specdec.entrypoints.server.StopMatcher`), however the text is cut
 into pieces: a stop string that spans pieces is still caught, text once sent is never taken
 back, so a piece that might begin a stop string is held until the next one decides, and
 nothing after the cut is sent. The oracle reads the whole text at once: generation ends at
@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec.server import StopMatcher
+from specdec.entrypoints.server import StopMatcher
 
 ALPHABET = "ab é中"
 

@@ -11,7 +11,7 @@ drafts are accepted on these repetitive outputs: relocation on each rank's KV sh
 a sampled EAGLE-3 tree run on Llama with a fixed seed. Every rank's tokens must equal the
 same run at tp_size 1 in this process. Bad `tp_size` values are `ConfigError`s raised
 before any weight loads (their folders hold a config.json and no weights at all). The
-launcher path (`torchrun ... -m specdec.cli generate --tp 2`) is one more test at the end.
+launcher path (`torchrun ... -m specdec.entrypoints.cli generate --tp 2`) is one more test at the end.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from hypothesis import given, note, strategies as st
 
 from specdec import SamplingParams, SpecConfig
 from specdec.config import ConfigError
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.drafters.eagle3_checkpoint import save_eagle3
 from specdec.models.config import ModelConfig, RopeConfig
 from specdec.models.parallel import ShardLayout
@@ -308,9 +308,9 @@ def cli_argv(paths: dict) -> list[str]:
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                     reason="torchrun needs torch.distributed with the gloo backend, which this torch build lacks")
 def test_torchrun_runs_specdec_cli_generate_at_tp_2_and_only_rank_0_prints_the_tp_1_text(paths, capsys, monkeypatch):
-    """`torchrun --nproc-per-node 2 -m specdec.cli generate --tp 2 ...` (each rank runs
-    `python -m specdec.cli`) prints exactly what `specdec generate` prints at tp 1, once."""
-    from specdec.cli import main
+    """`torchrun --nproc-per-node 2 -m specdec.entrypoints.cli generate --tp 2 ...` (each rank runs
+    `python -m specdec.entrypoints.cli`) prints exactly what `specdec generate` prints at tp 1, once."""
+    from specdec.entrypoints.cli import main
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' references, as in the spawned ranks
     assert main(cli_argv(paths)) == 0
@@ -318,7 +318,7 @@ def test_torchrun_runs_specdec_cli_generate_at_tp_2_and_only_rank_0_prints_the_t
     assert single.count("w") >= 2  # two answers printed
     env = dict(os.environ, TRITON_INTERPRET="0", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "specdec.cli", *cli_argv(paths), "--tp", "2"]
+           "-m", "specdec.entrypoints.cli", *cli_argv(paths), "--tp", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=DEADLINE_S)
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr[-4000:]}"
     assert done.stdout == single

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdec import SamplingParams, SpecConfig
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
 from specdec.drafters.mtp_drafter import MTPDrafter
 from specdec.step_state import StepState

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from specdec import SamplingParams, SpecConfig
 from specdec.config import ConfigError
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.hookspecs import hookimpl
 from specdec.policies import EAGLE1_DEFAULT, DynamicPolicy, FrontierPolicy, SampledPolicy, StaticPolicy, group_sizes
 from specdec.registry import UnknownStrategyError, VerifierCaps, get_plugin_manager, resolve_tree_policy

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import specdec
 from specdec import SamplingParams, SpecConfig
 from specdec.config import ConfigError
-from specdec.decoder import SpecDecoder
+from specdec.entrypoints.decoder import SpecDecoder
 from specdec.ops import build_tree, sample_from_probs, verify_greedy
 from specdec.plugins.typical import TypicalOptions, TypicalVerifier, typical_walk
 from specdec.types import SamplingTensors

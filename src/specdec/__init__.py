@@ -4,7 +4,7 @@ Public API: the decoder (`SpecDecoder`), configs (`SpecConfig`, `SamplingParams`
 plugin system (`get_plugin_manager`, `hookimpl`), and the records strategies exchange.
 
 The configs and `hookimpl` import nothing heavy; the names that need torch are imported on
-first use (PEP 562), so `import specdec.cli` and `specdec --help` start without loading
+first use (PEP 562), so `import specdec.entrypoints.cli` and `specdec --help` start without loading
 torch and transformers.
 """
 
@@ -16,9 +16,9 @@ from .hookspecs import hookimpl
 __version__ = "0.1.0"
 
 _LAZY = {  # public name -> the module that defines it
-    "GenerationResult": ".decoder",
-    "GenerationStats": ".decoder",
-    "SpecDecoder": ".decoder",
+    "GenerationResult": ".entrypoints.decoder",
+    "GenerationStats": ".entrypoints.decoder",
+    "SpecDecoder": ".entrypoints.decoder",
     "load_target": ".models",
     "get_plugin_manager": ".registry",
     "resolve": ".registry",

@@ -7,7 +7,7 @@ and root logits, which slots it holds) are part of it (`drafter`): the step, the
 `propose` included, reads nothing per slot from anywhere else. A step runs on a bucket b,
 the first b slots: `rows(b)` gives views.
 
-This module owns the record and its allocation only; the step is `specdec.step.DeviceStep`.
+This module owns the record and its allocation only; the step is `specdec.engine.step.DeviceStep`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from .config import SpecConfig
+from ..config import SpecConfig
 from .request import PREFILLING, RUNNING, RequestState
 
 __all__ = ["ProgressWatchdog"]

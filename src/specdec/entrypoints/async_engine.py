@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from .config import SamplingParams
+from ..config import SamplingParams
 from .streaming import IncrementalDetokenizer, StreamDelta
 
 __all__ = ["AsyncEngine"]

@@ -10,7 +10,7 @@ conversation's index (in a batch), the message and the field. Knows nothing of m
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["check_conversation", "encode_conversation", "has_chat_template", "is_conversation"]
 

@@ -10,7 +10,7 @@ bad field is a 400 naming the field and the allowed range and never touches othe
 an overlong prompt is a 400 naming the limit; a `model` other than the one served is a 404
 naming the served one; a client that disconnects frees its slot. Stop strings are matched on
 the streamed text (the text is cut before the match). Every request is one access-log line on
-the `specdec.server` logger (method, path, status, prompt and completion tokens, seconds,
+the `specdec.entrypoints.server` logger (method, path, status, prompt and completion tokens, seconds,
 mean acceptance).
 
 (No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations.)
@@ -22,11 +22,11 @@ import time
 import uuid
 from contextlib import aclosing, asynccontextmanager
 
-from .config import ConfigError, SamplingParams
+from ..config import ConfigError, SamplingParams
 
 __all__ = ["build_app", "sampling_from_body", "RequestError", "StopMatcher"]
 
-log = logging.getLogger("specdec.server")
+log = logging.getLogger("specdec.entrypoints.server")
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "num_draft_tokens")
 _UNSUPPORTED = dict(n=1, best_of=1, echo=False, logprobs=None, presence_penalty=0, frequency_penalty=0, suffix=None)

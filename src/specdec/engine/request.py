@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .config import SamplingParams
+from ..config import SamplingParams
 
 if TYPE_CHECKING:
     from .adaptive import DepthAcceptance

@@ -108,7 +108,7 @@ def _terminal_width() -> int:
 
 # ------------------------------------------------------------------------- aliases
 def _smollm2_target() -> Path:
-    from .models import smollm2_gguf_path
+    from ..models import smollm2_gguf_path
 
     return Path(smollm2_gguf_path())
 
@@ -131,7 +131,7 @@ DRAFT_ALIASES: dict[str, tuple[str, Callable[[], Path]]] = {  # alias -> (drafte
 
 def resolve_target(text: str) -> Path:
     """An existing HF folder / .gguf file, or the path an alias names."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     path = Path(text).expanduser()
     if path.exists():
@@ -151,7 +151,7 @@ DEFAULT_TOPK = 8  # --tree dynamic without --topk: EAGLE-2's top-8 (the README's
 def resolve_draft(text: str) -> tuple[Path, str | None]:
     """(head folder, the drafter that reads it or None when unknown), for a path or an alias.
     A folder without a head in it is an error here, before anything loads."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     path = Path(text).expanduser()
     if path.exists():
@@ -190,7 +190,7 @@ def _strategy_names() -> dict[str, list[str]]:
     built-ins' declarations and the entry-point plugins: no built-in plugin module (no torch)
     is imported, so --help and the name suggestions stay fast."""
     try:
-        from .registry import declared_strategy_names
+        from ..registry import declared_strategy_names
 
         return {k: sorted(v) for k, v in declared_strategy_names().items()}
     except Exception:
@@ -205,7 +205,7 @@ def add_model_flags(parser: argparse.ArgumentParser, *, default_target: str | No
                     default_draft: str | None = None) -> None:
     """--target, --draft, --device, --dtype and one flag per `SpecConfig` field. With
     `default_target`, --target is optional (and `default_draft` is the head used with it)."""
-    from .config import SpecConfig
+    from ..config import SpecConfig
     from .cli_flags import add_dataclass_flags
 
     model = parser.add_argument_group("model")
@@ -237,7 +237,7 @@ def add_model_flags(parser: argparse.ArgumentParser, *, default_target: str | No
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `SamplingParams` field."""
-    from .config import SamplingParams
+    from ..config import SamplingParams
     from .cli_flags import add_dataclass_flags
 
     group = parser.add_argument_group("sampling (SamplingParams, one for every prompt)")
@@ -247,7 +247,7 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 def sampling_from_args(args):
     from .cli_flags import dataclass_from_flags
-    from .config import SamplingParams
+    from ..config import SamplingParams
 
     return dataclass_from_flags(SamplingParams, args, prefix="sp_")
 
@@ -256,7 +256,7 @@ def config_from_args(args, *, num_prompts: int, params=None):
     """The `SpecConfig` of the flags: the drafter inferred from --draft, batch = prompts, the
     verifier "greedy", or "target-only" when `params` sample (unless --verifier is given)."""
     from .cli_flags import dataclass_from_flags
-    from .config import ConfigError, SpecConfig
+    from ..config import ConfigError, SpecConfig
 
     drafter = args.cfg_drafter
     if args.draft is not None:
@@ -286,8 +286,8 @@ def config_from_args(args, *, num_prompts: int, params=None):
 def check_before_loading(args, config, params=None) -> None:
     """What can be checked without weights: strategy names, the tree policy's options, sampling
     with a greedy-only verifier, device, target path."""
-    from .config import ConfigError
-    from .registry import get_plugin_manager, resolve_tree_policy
+    from ..config import ConfigError
+    from ..registry import get_plugin_manager, resolve_tree_policy
 
     names = _strategy_names()  # a misspelled name is refused before any plugin module (torch) loads
     for kind in ("drafter", "tree", "verifier"):
@@ -295,7 +295,7 @@ def check_before_loading(args, config, params=None) -> None:
         if kind in names and value not in names[kind]:
             raise ConfigError(f"--{kind} {value}: not installed; available: {', '.join(names[kind])}"
                               + did_you_mean(value, names[kind]))
-    from .validation import check_device
+    from ..validation import check_device
 
     pm = get_plugin_manager()
     caps = _verifier_caps(config, pm)
@@ -316,7 +316,7 @@ def check_before_loading(args, config, params=None) -> None:
 def _verifier_caps(config, pm):
     """The configured verifier's typed capabilities (verifiers are built from the config alone),
     or None when they cannot be told without the target (the decoder checks them again)."""
-    from .registry import verifier_caps
+    from ..registry import verifier_caps
 
     try:
         return verifier_caps(pm.hook.specdec_verify(config=config))
@@ -330,7 +330,7 @@ def load_decoder(args, config):
 
     start = time.perf_counter()
     if args.device == "cpu":  # before loading: the conversion and the load run on these threads too
-        from .cpu_threads import apply_threads
+        from ..cpu_threads import apply_threads
 
         _note(f"{apply_threads(config.threads)} CPU thread(s) (--threads {config.threads})")
     _note(f"loading {args.target} on {args.device} ({args.dtype}) ...")
@@ -361,7 +361,7 @@ def _log_to_stderr(level: str) -> None:
 # ------------------------------------------------------------------------- plugins
 @command("plugins", "list installed plugins: which plugin provides which drafter, tree and verifier name")
 def _plugins(args) -> int:
-    from .registry import declared_strategy_table
+    from ..registry import declared_strategy_table
 
     rows = declared_strategy_table()  # no built-in plugin module (no torch) is imported
     width = max([len("plugin")] + [len(p) for p, _, _ in rows])
@@ -376,7 +376,7 @@ def _plugins(args) -> int:
          configure=lambda parser: __import__("specdec.testing.cli", fromlist=["add_arguments"]).add_arguments(parser))
 def _check(args) -> int:
     """NAME ... (default: every installed strategy), --device, --profile; see `specdec.testing.cli`."""
-    from .testing.cli import run_args
+    from ..testing.cli import run_args
 
     return run_args(args)
 
@@ -384,7 +384,7 @@ def _check(args) -> int:
 # ------------------------------------------------------------------------- train
 @command("train", "train a draft head (see `specdec train --help`)")
 def _train(args) -> int:  # reached only through `main`'s delegation below
-    from .train.cli import main as train_main
+    from ..train.cli import main as train_main
 
     return train_main(args.rest) or 0
 
@@ -408,7 +408,7 @@ def _generate_flags(parser: argparse.ArgumentParser) -> None:
          configure=_generate_flags)
 def _generate(args) -> int:
     from .chat import has_chat_template
-    from .config import ConfigError
+    from ..config import ConfigError
 
     texts = [sys.stdin.read() if p == "-" else p for p in args.prompt]
     params = sampling_from_args(args)  # every flag is checked before any weights load
@@ -545,11 +545,11 @@ def _serve_flags(parser: argparse.ArgumentParser) -> None:
 @command("serve", "an OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/models, /health, "
          "/metrics (clients sample: the verifier defaults to target-only)", configure=_serve_flags)
 def _serve(args) -> int:
-    from .config import ConfigError
+    from ..config import ConfigError
 
     if args.tp != 1:
         raise ConfigError(f"--tp {args.tp}: specdec serve runs one process (tp 1); tensor parallelism is for "
-                          "`torchrun ... -m specdec.cli generate --tp N`")
+                          "`torchrun ... -m specdec.entrypoints.cli generate --tp N`")
     if args.target is None:  # no --target: the shipped SmolLM2 with its EAGLE-3 head
         args.target = SERVE_DEFAULT[0]
         if args.draft is None and args.cfg_drafter is None:
@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _is_user_error(e: BaseException) -> bool:
     """Errors about the input (shown as one line), not bugs (shown with their traceback)."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     user = (ConfigError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
     models = sys.modules.get(f"{__package__}.models.config")  # not imported: the error cannot be one of its

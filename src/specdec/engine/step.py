@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from .compile_scope import compile_private
-from .ops.random import STREAM_VERIFY, counter_uniforms
-from .registry import Strategies
-from .step_state import StepState
+from ..compile_scope import compile_private
+from ..ops.random import STREAM_VERIFY, counter_uniforms
+from ..registry import Strategies
+from ..step_state import StepState
 
 __all__ = ["StepState", "DeviceStep"]  # StepState lives in step_state; re-exported
 
@@ -174,7 +174,7 @@ class DeviceStep:
         sort over the vocabulary that sampling needs made a batch-64 plain step of the 8B shape
         15% slower than target-only's). A verifier that needs draft_probs gets none here, so its
         draw rule runs directly."""
-        from .ops.sampling import probs_for, sample_from_probs
+        from ..ops.sampling import probs_for, sample_from_probs
 
         s, active = self.strategies, state.active
         B = state.root_tokens.shape[0]

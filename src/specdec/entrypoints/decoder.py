@@ -17,11 +17,11 @@ import pluggy
 import torch
 
 from .chat import encode_conversation, is_conversation
-from .config import ConfigError, SamplingParams, SpecConfig
-from .cpu_threads import apply_threads
-from .engine import SpecEngine
-from .registry import resolve
-from .validation import check_device, check_dtype
+from ..config import ConfigError, SamplingParams, SpecConfig
+from ..cpu_threads import apply_threads
+from ..engine.engine import SpecEngine
+from ..registry import resolve
+from ..validation import check_device, check_dtype
 
 __all__ = ["SpecDecoder", "GenerationResult", "GenerationStats"]
 
@@ -116,9 +116,9 @@ class SpecDecoder:
     """
 
     def __init__(self, target, config: SpecConfig, *, pm: pluggy.PluginManager | None = None, seed: int = 0):
-        from .distributed import SINGLE, check_spmd
-        from .models.fused import EAGER, compiled, use_compiled
-        from .runtime.runner import ModelRunner
+        from ..distributed import SINGLE, check_spmd
+        from ..models.fused import EAGER, compiled, use_compiled
+        from ..runtime.runner import ModelRunner
 
         self.target = target
         self.config = config
@@ -211,8 +211,8 @@ class SpecDecoder:
         A `tp_size` that does not split the model's heads / ffn, exceeds or does not divide the
         world size, or has no process group to run in is a `ConfigError` before any weight loads.
         """
-        from .distributed import SINGLE, check_spmd, check_tp_size, tensor_parallel_group
-        from .models import load_target
+        from ..distributed import SINGLE, check_spmd, check_tp_size, tensor_parallel_group
+        from ..models import load_target
 
         config = SpecConfig() if config is None else config
         if not isinstance(config, SpecConfig):
