@@ -1,5 +1,7 @@
 """Every validation rule of SpecConfig / SamplingParams / capture layers, with its message."""
 
+import dataclasses
+
 import pytest
 
 from specdec import ConfigError, SamplingParams, SpecConfig, resolve_capture_layers
@@ -79,6 +81,19 @@ def test_max_total_draft_tokens_must_lie_between_depth_and_topk_times_depth(tota
 def test_replace_recomputes_the_derived_budget():
     cfg = SpecConfig(tree="dynamic", topk=4, max_draft_len=3)
     assert cfg.replace(topk=8).max_total_draft_tokens == 24
+    assert cfg.replace(max_draft_len=5).replace(topk=2).max_total_draft_tokens == 10  # derived, again and again
+    assert cfg.replace(max_batch_size=2).max_total_draft_tokens == 12
+
+
+def test_replace_keeps_a_chosen_budget():
+    cfg = SpecConfig(tree="dynamic", topk=4, max_draft_len=3, max_total_draft_tokens=7)
+    assert cfg.replace(topk=8).max_total_draft_tokens == 7  # the user's choice: never silently reset
+    assert cfg.replace(max_draft_len=5).max_total_draft_tokens == 7
+    assert cfg.replace(max_total_draft_tokens=None, topk=2).max_total_draft_tokens == 6  # asked to derive it
+    assert cfg.replace(topk=8) == SpecConfig(tree="dynamic", topk=8, max_draft_len=3, max_total_draft_tokens=7)
+    # a kept budget that the new shape cannot hold is a clear error, not a reset
+    with pytest.raises(ConfigError, match=r"max_total_draft_tokens=7 is out of range; allowed: \[8, 32\]"):
+        policy(**{f.name: getattr(cfg.replace(max_draft_len=8), f.name) for f in dataclasses.fields(cfg) if f.init})
 
 
 def test_unknown_tree_shape_lists_the_shapes():

@@ -120,6 +120,9 @@ class SpecConfig:
         # tree policy's to say (plugins add policies): `specdec.registry.resolve` checks both.
         if self.topk is not None:
             check_int("topk", self.topk, 1, 64)
+        # whether the budget was derived (given as None): `replace` derives it again then, and keeps
+        # a value the user chose (an attribute, not a field: flags, equality and repr skip it)
+        object.__setattr__(self, "_derived_total", self.max_total_draft_tokens is None)
         if self.max_total_draft_tokens is None:
             object.__setattr__(self, "max_total_draft_tokens", self.max_draft_len * (self.topk or 1))
         check_int("max_total_draft_tokens", self.max_total_draft_tokens, 1, MAX_TREE_SLOTS - 1)
@@ -165,8 +168,10 @@ class SpecConfig:
         return self.num_kv_blocks or self.max_batch_size * self.blocks_per_seq
 
     def replace(self, **changes) -> "SpecConfig":
-        """A validated copy with `changes` applied (derived defaults recomputed)."""
-        if "topk" in changes or "max_draft_len" in changes or "tree" in changes:
+        """A validated copy with `changes` applied. A derived `max_total_draft_tokens` (left
+        None) is derived again from the new depth and width; one the user chose is kept (and
+        checked against the new shape by the tree policy), never silently reset."""
+        if self._derived_total:
             changes.setdefault("max_total_draft_tokens", None)
         return dataclasses.replace(self, **changes)
 
