@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ConfigError, SpecConfig
+from ..pipeline import derive_sizes
 from ..registry import Strategies
 from ..step_state import StepState, drafter_slot_state
 from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule
@@ -111,15 +112,12 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         self.compile_step = compile_step
         self._compiled_steps: dict[tuple[int, str], object] = {}  # (bucket, variant) -> whole-step graph
         B = config.max_batch_size
-        N = strategies.drafter.num_tree_slots
-        if N > config.num_tree_slots:
-            raise ConfigError(f"drafter proposes {N} tree slots, more than config.num_tree_slots={config.num_tree_slots}")
-        self.num_slots_tree = N
+        self.sizes = sizes = derive_sizes(config, strategies)  # N, lookahead, budgets: derived once (`pipeline`)
+        N = self.num_slots_tree = sizes.num_tree_slots
         caps = strategies.drafter_caps
         self.host_drafter = caps.runs_on_host
-        # positions past committed_len a step writes: the target's tree, the drafter's rows
-        self.lookahead = max(N, caps.kv_lookahead)
-        self.buckets = config.batch_buckets
+        self.lookahead = sizes.lookahead  # positions past committed_len a step writes: the target's tree, the drafter's rows
+        self.buckets = sizes.batch_buckets
         # every per-slot tensor a step touches, the drafter's own (`slot_state`) included
         self.state = StepState.allocate(B, N, runner.hidden_width, device=self.device, hidden_dtype=runner.dtype,
                                         drafter=drafter_slot_state(strategies.drafter))
@@ -137,7 +135,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
             self.steps[DEFERRED] = DeviceStep(strategies, runner, self.state, compiled=compiled, plain=True, defer=True)
         caps = strategies.policy_caps  # None: strategies assembled by hand, without a tree policy
         self.chain = caps is None or caps.chain  # one draft per depth: any budget cuts it cleanly
-        self.adaptive_rule = AdaptiveRule(min(config.max_draft_len, N - 1), self.chain, N - 1) if self.adaptive else None
+        self.adaptive_rule = AdaptiveRule(sizes.adaptive_depth, self.chain, sizes.draft_budget) if self.adaptive else None
         pin = self.device.type == "cuda"
         # two host buffers and events for the hand-off, so an overlapped step's copy never lands
         # in the buffer the host still reads (`overlap`)

@@ -37,19 +37,19 @@ class Lifecycle:
                 "(num_kv_blocks * kv_block_size); raise num_kv_blocks"
             )
         budget = params.num_draft_tokens
-        if (budget not in (None, 0) and budget < self.num_slots_tree - 1 and self.strategies.drafter_caps.samples_drafts
+        if (budget not in (None, 0) and budget < self.sizes.draft_budget and self.strategies.drafter_caps.samples_drafts
                 and not self.chain):
             raise ConfigError(
                 where + f"num_draft_tokens={budget}: a sampled draft tree keeps whole sibling groups, so with "
                 f"verifier={self.config.verifier!r} and tree={self.config.tree!r} a request drafts all "
-                f"{self.num_slots_tree - 1} tokens or none (num_draft_tokens None or 0)"
+                f"{self.sizes.draft_budget} tokens or none (num_draft_tokens None or 0)"
             )
 
     def submit(self, prompt: list[int], params: SamplingParams) -> RequestState:
         """Queue a request (checked first); it is admitted between steps when a slot and KV are free."""
         self.check_request(prompt, params)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self.generator))
-        full = self.num_slots_tree - 1
+        full = self.sizes.draft_budget
         budget = full if params.num_draft_tokens is None else min(params.num_draft_tokens, full)
         request = RequestState(
             id=self._next_id, prompt=list(prompt), params=params, seed=seed, budget=budget,

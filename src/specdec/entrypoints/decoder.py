@@ -1,8 +1,8 @@
 """`SpecDecoder`: the user-facing entry point (load, compose, generate).
 
 Owns turning user inputs (paths, strings or token lists, sampling params) into engine
-requests and results with stats. The step logic lives in `engine.py`; strategies come from
-the plugins through `registry.resolve`.
+requests and results with stats. The step logic lives in `specdec.engine`; strategies and
+their sizes come from the plugins through `pipeline.build` (resolved once).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .chat import encode_conversation, is_conversation
 from ..config import ConfigError, SamplingParams, SpecConfig
 from ..cpu_threads import apply_threads
 from ..engine.engine import SpecEngine
-from ..registry import resolve
+from ..pipeline import build
 from ..validation import check_device, check_dtype
 
 __all__ = ["SpecDecoder", "GenerationResult", "GenerationStats"]
@@ -125,7 +125,8 @@ class SpecDecoder:
         self.tp = getattr(target.model, "tp", SINGLE)  # the target's tensor-parallel group (size 1: none)
         check_spmd(config, self.tp.size)
         info = dataclasses.replace(target.info, model=target.model)
-        self.strategies = resolve(config, info, pm)
+        self.pipeline = build(config, info, pm)  # the strategies and every derived size, once
+        self.strategies = self.pipeline.strategies
         device = next(target.model.parameters()).device
         if device.type == "cpu":
             apply_threads(config.threads)  # the cores other work leaves idle (`cpu_threads`)
@@ -137,7 +138,7 @@ class SpecDecoder:
             target,
             config,
             self.strategies.capture_layers,
-            self.strategies.drafter.num_tree_slots,
+            self.pipeline.sizes.num_tree_slots,
             keep_last_hidden=caps.reads == "last_hidden",
         )
         runner.cache.use_compiled(self.compiled)
@@ -434,7 +435,7 @@ class SpecDecoder:
     def _warn_if_drafts_are_never_accepted(self, requests) -> None:
         """A drafter that proposes but almost never gets a token accepted is usually a head
         for another target, a wrong capture-layer convention, or an untrained head."""
-        if self._warned_weak_drafter or self.strategies.drafter.num_tree_slots <= 1:
+        if self._warned_weak_drafter or self.pipeline.sizes.num_tree_slots <= 1:
             return
         steps = sum(len(r.accepted_per_step) for r in requests)
         accepted = sum(sum(r.accepted_per_step) for r in requests)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SpecConfig
-from ..models.capture import CaptureBuffer, LayerTap, capture_max_tokens
+from ..models.capture import CaptureBuffer, LayerTap, capture_rows
 from ..types import TreeMeta
 from .batch import prefill_batch, tree_batch
 from .bucket_graphs import BucketGraphs, PaddedChunks, bucket_grid
@@ -52,7 +52,7 @@ class ModelRunner:
         p = next(self.model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # rows one forward may capture: a prefill chunk, or every slot's tree
-        max_tokens = capture_max_tokens(config, max(config.prefill_chunk_size, config.max_batch_size * num_tree_slots))
+        max_tokens = capture_rows(config, num_tree_slots)
         self.capture = (
             CaptureBuffer(capture_layers, self.info.hidden_size, max_tokens, device=p.device, dtype=p.dtype)
             if capture_layers
