@@ -20,6 +20,12 @@ from .kv_cache import PagedKVCache
 
 __all__ = ["flex_paged_attention", "make_mask_mod"]
 
+# Keys are gathered up to a multiple of FlexAttention's default block (128): the compiled
+# kernel then sees few distinct key lengths (one graph per multiple, not per context length,
+# within dynamo's recompile limit), and every key block is whole. The padded keys are
+# unallocated positions (`token_index` gives -1 past the block table), hidden by the mask.
+KEY_MULTIPLE = 128
+
 
 def make_mask_mod(batch: AttentionBatch, allocated: torch.Tensor, sliding_window: int | None):
     """`mask_mod(b, h, q_idx, kv_idx)` of the visibility rule (allocated: [B, S] bool)."""
@@ -67,7 +73,7 @@ def flex_paged_attention(
     """`runtime.attention(..., impl="flex")`; arguments and result as `attention_ref`."""
     check_batch(batch, sliding_window)
     B, T, H, hd = q.shape
-    S = batch.max_kv_len
+    S = -(-batch.max_kv_len // KEY_MULTIPLE) * KEY_MULTIPLE  # >= max_kv_len: the padded keys stay hidden
     flex, create_block_mask = _flex_fns(q.is_cuda)
     positions = torch.arange(S, device=q.device)[None, :].expand(B, S)
     index = cache.token_index(batch.slots, positions)  # [B, S]
