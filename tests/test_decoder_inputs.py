@@ -173,3 +173,27 @@ def test_a_tokenizer_without_a_chat_template_or_a_template_that_refuses_is_a_cle
         encode_conversation(chat_tokenizer(template=STRICT), CONVERSATION)
     with pytest.raises(ConfigError, match=r"a conversation needs a target with a tokenizer"):
         encode_conversation(None, CONVERSATION)
+
+
+def test_each_request_is_checked_once_through_generate_stream_and_astream(target, monkeypatch):
+    """The decoder checks every prompt before any runs, then hands them to the engine unchecked
+    (`enqueue`); `astream` goes through the async engine without a second check."""
+    import asyncio
+
+    dec = SpecDecoder.from_pretrained(target, None, SpecConfig(max_batch_size=2, max_seq_len=64, kv_block_size=4))
+    calls = []
+    check = dec.engine.check_request
+    monkeypatch.setattr(dec.engine, "check_request", lambda *a, **k: calls.append(a[0]) or check(*a, **k))
+    out = dec.generate([PROMPT, [3, 4]], GREEDY)
+    assert calls == [PROMPT, [3, 4]] and all(len(r.token_ids) == 6 for r in out)
+    calls.clear()
+    assert len(list(dec.stream([PROMPT], GREEDY))) >= 1 and calls == [PROMPT]
+    calls.clear()
+
+    async def collect():
+        return [d async for d in dec.astream([PROMPT, [5, 6]], GREEDY)]
+
+    deltas = asyncio.run(collect())
+    assert sorted(calls) == sorted([PROMPT, [5, 6]])  # once each, not again in the async engine or `submit`
+    assert sum(len(d.token_ids) for d in deltas) == 12
+    dec.async_engine().stop()

@@ -48,6 +48,11 @@ class Lifecycle:
     def submit(self, prompt: list[int], params: SamplingParams) -> RequestState:
         """Queue a request (checked first); it is admitted between steps when a slot and KV are free."""
         self.check_request(prompt, params)
+        return self.enqueue(prompt, params)
+
+    def enqueue(self, prompt: list[int], params: SamplingParams) -> RequestState:
+        """`submit` for a request its caller has checked (`check_request`) already: the decoder,
+        the async engine and the server check every request once, before any of them runs."""
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self.generator))
         full = self.sizes.draft_budget
         budget = full if params.num_draft_tokens is None else min(params.num_draft_tokens, full)

@@ -74,6 +74,13 @@ class AsyncEngine:
     async def stream(self, prompt: list[int], params: SamplingParams, *, index: int = 0) -> AsyncIterator[StreamDelta]:
         """Run one request; yield its deltas. Checked first (`ConfigError` before any work)."""
         self.engine.check_request(prompt, params)
+        async for delta in self.stream_checked(prompt, params, index=index):
+            yield delta
+
+    async def stream_checked(self, prompt: list[int], params: SamplingParams, *,
+                             index: int = 0) -> AsyncIterator[StreamDelta]:
+        """`stream` for a request its caller has checked already (`SpecEngine.check_request`:
+        the decoder and the server check every request once, before any work)."""
         handle = next(self._ids)
         loop = asyncio.get_running_loop()
         st = _Stream(loop, asyncio.Queue(), index, IncrementalDetokenizer(self.decoder.target.tokenizer))
@@ -124,9 +131,9 @@ class AsyncEngine:
                     self._streams.pop(handle, None)
                     continue
                 try:
-                    st.request = self.engine.submit(prompt, params)
+                    st.request = self.engine.enqueue(prompt, params)  # checked by `stream` / the caller
                     st.request.tag = handle
-                except Exception as err:  # checked by the caller already; a race with a config change
+                except Exception as err:  # noqa: BLE001 - reported to this stream, the others go on
                     self._send(st, StreamDelta(st.index, [], None, "error", f"{type(err).__name__}: {err}"))
                     self._streams.pop(handle, None)
             elif kind == "abort":

@@ -311,7 +311,7 @@ class SpecDecoder:
     def _submit(self, encoded, params):
         if not self.engine.warmed and (self.compiled or self.cuda_graphs):
             self.warmup(progress=False)
-        return [self.engine.submit(ids, p) for ids, p in zip(encoded, params)]
+        return [self.engine.enqueue(ids, p) for ids, p in zip(encoded, params)]  # checked by `_prepare`
 
     def generate(
         self,
@@ -389,7 +389,7 @@ class SpecDecoder:
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int):
-            async for delta in engine.stream(encoded[i], params[i], index=i):
+            async for delta in engine.stream_checked(encoded[i], params[i], index=i):  # checked by `_prepare`
                 await merged.put(delta)
 
         tasks = [asyncio.ensure_future(pump(i)) for i in range(len(encoded))]

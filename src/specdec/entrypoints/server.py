@@ -194,7 +194,7 @@ def build_app(decoder, *, model_name: str = "specdec"):
         """Yield (text piece, finish reason or None, error) until the end; `record` collects the
         completion tokens and the request's stats (usage and the access log)."""
         matcher, done = StopMatcher(stops), False
-        async with aclosing(engine.stream(ids, params)) as deltas:
+        async with aclosing(engine.stream_checked(ids, params)) as deltas:  # checked by `prepare` (a 400 then)
             async for delta in deltas:
                 piece = delta.text or ""
                 record["completion"] += len(delta.token_ids)
