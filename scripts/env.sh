@@ -1,6 +1,6 @@
 # Sourced by demo.sh and test.sh: make ./.venv with everything specdec needs, then activate it.
 # torch is pinned to the CPU build on disk here (2.13.0); a looser pin would pull a CUDA build.
-# Triton is pinned to the H200's (3.6.0): tests/test_kernels_compile_sm90.py compiles every
+# Triton is pinned to the H200's (3.6.0): tests/kernels/test_kernels_compile_sm90.py compiles every
 # kernel for sm_90 with it, so CI sees the compiler the GPU runs (3.6 crashed on N = 1; 3.9 does not).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

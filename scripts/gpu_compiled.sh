@@ -18,10 +18,10 @@ run() {  # run NAME SECONDS CMD...
 }
 for what in "$@"; do
   case "$what" in
-    tests) run tests_compiled 230 python -m pytest -q -p no:cacheprovider tests/test_compiled_step.py ;;
+    tests) run tests_compiled 230 python -m pytest -q -p no:cacheprovider tests/engine/test_compiled_step.py ;;
     more)
-      run tests_attention_gpu 60 python -m pytest -q -p no:cacheprovider tests/test_attention.py -k "cuda or graph or compile"
-      run tests_lossless 70 python -m pytest -q -p no:cacheprovider -x tests/test_generate_lossless.py tests/test_ngram_decoding.py
+      run tests_attention_gpu 60 python -m pytest -q -p no:cacheprovider tests/runtime/test_attention.py -k "cuda or graph or compile"
+      run tests_lossless 70 python -m pytest -q -p no:cacheprovider -x tests/entrypoints/test_generate_lossless.py tests/drafters/test_ngram_decoding.py
       ;;
     cycle) run bench_cycle 240 python examples/bench_cycle.py --profile --out "$out/bench_cycle.jsonl" ;;
     e2e) run bench_e2e 470 python examples/bench_e2e.py --hf-eager-prompts 3 --out "$out/bench_e2e.jsonl" ;;

@@ -2,7 +2,7 @@
 # The GPU property suites (hypothesis `gpu` profile: 500 examples per property, kernels
 # compiled for the GPU) in five named parts, each bounded by 8 minutes (tests not started by 7
 # are skipped and counted) so one part fits one 10-minute command on the GPU machine (issue 19).
-# Only `tools` needs the SmolLM2 GGUF assembled (tests/test_smollm2.py loads it): the other
+# Only `tools` needs the SmolLM2 GGUF assembled (tests/models/test_smollm2.py loads it): the other
 # parts can run in the calls that carry its three parts (scripts/gpu_setup.sh).
 #
 #   bash scripts/gpu_props.sh attention  # the attention kernels vs their references (test_attention.py:
@@ -34,25 +34,28 @@ if [ $# -gt 1 ]; then  # several parts side by side on the one GPU (8 workers ea
 fi
 part="${1:?usage: gpu_props.sh attention|kernels|drafters|tools|engine}"  # after the setup: it must not see this name
 cd "$root"
-attention=(tests/test_attention.py)
-kernels=(tests/test_kv_cache.py tests/test_kv_relocate.py tests/test_kv_write.py
-         tests/test_tree_build.py tests/test_verify_greedy.py tests/test_verify_sampling.py tests/test_sample_rule.py
-         tests/test_sampling_distribution.py tests/test_sampling_probs.py tests/test_typical_verifier.py
-         tests/test_kernel_shapes.py tests/test_kernel_launch.py tests/test_rope_kv_write.py)
-drafters=(tests/test_eagle3_conventions.py tests/test_eagle3_dense_after_acceptance.py tests/test_eagle3_drafter.py
-          tests/test_eagle3_tree.py tests/test_mtp_drafter.py tests/test_tree_policies.py tests/test_capture.py
-          tests/test_train_ttt.py tests/test_fuzz_inputs.py tests/test_stop_strings.py tests/test_tensor_parallel.py
-          tests/test_eagle3_checkpoint.py tests/test_eagle3_plugin.py tests/test_eagle3_sampling.py
-          tests/test_mtp_checkpoint.py tests/test_mtp_model.py tests/test_mtp_decoding.py tests/test_ngram_drafter.py
-          tests/test_ngram_decoding.py tests/test_draft_layers.py tests/test_drafter_inputs.py
-          tests/test_conformance_kit.py tests/test_conformance_kit_planted.py)
-tools=(tests/test_cli.py tests/test_cli_startup.py tests/test_bench_smoke.py tests/test_bench_instrumentation.py
-       tests/test_first_contact.py tests/test_server.py tests/test_smollm2.py tests/test_launch_counts.py
-       tests/test_packaging.py tests/test_many_decoders.py tests/test_kernels_compile_sm90.py tests/test_loader.py
-       tests/test_corrupt_checkpoints.py)
-for f in tests/test_train_*.py; do  # the training suites, but TTT's, which drafters runs
+attention=(tests/runtime/test_attention.py)
+kernels=(tests/runtime/test_kv_cache.py tests/kernels/test_kv_relocate.py tests/kernels/test_kv_write.py
+         tests/kernels/test_tree_build.py tests/kernels/test_verify_greedy.py tests/kernels/test_verify_sampling.py
+         tests/kernels/test_sample_rule.py tests/kernels/test_sampling_distribution.py tests/kernels/test_sampling_probs.py
+         tests/plugins/test_typical_verifier.py tests/kernels/test_kernel_shapes.py tests/kernels/test_kernel_launch.py
+         tests/kernels/test_rope_kv_write.py)
+drafters=(tests/drafters/test_eagle3_conventions.py tests/drafters/test_eagle3_dense_after_acceptance.py
+          tests/drafters/test_eagle3_drafter.py tests/drafters/test_eagle3_tree.py tests/drafters/test_mtp_drafter.py
+          tests/policies/test_tree_policies.py tests/models/test_capture.py tests/train/test_train_ttt.py
+          tests/test_fuzz_inputs.py tests/entrypoints/test_stop_strings.py tests/models/test_tensor_parallel.py
+          tests/drafters/test_eagle3_checkpoint.py tests/plugins/test_eagle3_plugin.py tests/drafters/test_eagle3_sampling.py
+          tests/drafters/test_mtp_checkpoint.py tests/drafters/test_mtp_model.py tests/drafters/test_mtp_decoding.py
+          tests/drafters/test_ngram_drafter.py tests/drafters/test_ngram_decoding.py tests/drafters/test_draft_layers.py
+          tests/engine/test_drafter_inputs.py tests/testing/test_conformance_kit.py tests/testing/test_conformance_kit_planted.py)
+tools=(tests/entrypoints/test_cli.py tests/entrypoints/test_cli_startup.py tests/test_bench_smoke.py
+       tests/test_bench_instrumentation.py tests/entrypoints/test_first_contact.py tests/entrypoints/test_server.py
+       tests/models/test_smollm2.py tests/test_launch_counts.py tests/test_packaging.py tests/test_many_decoders.py
+       tests/kernels/test_kernels_compile_sm90.py tests/models/test_loader.py tests/models/test_corrupt_checkpoints.py)
+for f in tests/train/test_train_*.py; do  # the training suites, but TTT's, which drafters runs
   [[ " ${drafters[*]} " == *" $f "* ]] || tools+=("$f")
 done
+shopt -s globstar  # tests/**/: the test files sit in folders named after the source package they test
 case "$part" in
   attention) files=("${attention[@]}") ;;
   kernels) files=("${kernels[@]}") ;;
@@ -60,7 +63,7 @@ case "$part" in
   tools) files=("${tools[@]}") ;;
   engine)
     files=()
-    for f in tests/test_*.py; do
+    for f in tests/**/test_*.py; do  # every folder, tests/ itself included
       [[ " ${attention[*]} ${kernels[*]} ${drafters[*]} ${tools[*]} " == *" $f "* ]] || files+=("$f")
     done ;;
   *) echo "unknown part '$part'; allowed: attention, kernels, drafters, tools, engine" >&2; exit 2 ;;
@@ -70,7 +73,7 @@ if [ -n "$list" ]; then
   exit 0
 fi
 if [ "$part" = tools ] && [[ "$setup" != *"GGUF ready"* ]]; then
-  echo "gpu_props tools needs the SmolLM2 GGUF (tests/test_smollm2.py loads it); scripts/gpu_setup.sh says: $setup" >&2
+  echo "gpu_props tools needs the SmolLM2 GGUF (tests/models/test_smollm2.py loads it); scripts/gpu_setup.sh says: $setup" >&2
   exit 2
 fi
 out="${OUT:-/tmp/out}"; mkdir -p "$out"

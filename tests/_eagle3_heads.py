@@ -1,6 +1,6 @@
 """Test helpers: tiny random EAGLE-3 heads and a synthetic "world" of target states.
 
-Not a test module (leading underscore). Used by the tests/test_eagle3_*.py files.
+Not a test module (leading underscore). Used by the tests/drafters/test_eagle3_*.py files.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Test helpers for MTP / n-gram / typical: tiny MTP heads, constructed targets, references.
 
-Not a test module (leading underscore). Used by tests/test_mtp_*.py, test_ngram*.py and
+Not a test module (leading underscore). Used by tests/drafters/test_mtp_*.py, test_ngram*.py and
 test_typical*.py.
 """
 

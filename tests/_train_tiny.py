@@ -1,6 +1,6 @@
 """Test helpers for specdec.train: a tiny random Llama target and self-distilled data from it.
 
-Not a test module (leading underscore). Used by tests/test_train_*.py.
+Not a test module (leading underscore). Used by tests/train/test_train_*.py.
 """
 
 from __future__ import annotations

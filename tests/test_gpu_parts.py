@@ -23,10 +23,10 @@ def part_files(part: str) -> list[str]:
 def test_the_parts_hold_every_test_file_exactly_once():
     listed = {part: part_files(part) for part in PARTS}
     flat = [f for part in PARTS for f in listed[part]]
-    every = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    every = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
     assert sorted(flat) == every, sorted(set(flat) ^ set(every))
-    assert listed["attention"] == ["tests/test_attention.py"]
-    assert "tests/test_smollm2.py" in listed["tools"]  # the one part that needs the GGUF
+    assert listed["attention"] == ["tests/runtime/test_attention.py"]
+    assert "tests/models/test_smollm2.py" in listed["tools"]  # the one part that needs the GGUF
 
 
 def test_an_unknown_part_is_refused_by_name():

@@ -7,7 +7,7 @@ Setup: V = 12 categories, a chain root -> x1; the root's target logits `LOGITS` 
 (distinct values, so no filter boundary is a tie); target-only drafts every token as x1
 (rows cycle through the vocabulary, excluded tokens included), speculative drafts x1 from
 q = 0.5 softmax(LOGITS) + 0.5 uniform (mass on excluded tokens). Truth: `naive_probs` of
-test_sampling_probs.py (the filters written the obvious way, float64).
+_naive_probs.py (the filters written the obvious way, float64).
 
 Threshold. n = 2^21 trials (8 calls of 2^18 rows), K = 12:
     tau = 1/2 sqrt((K - 1) / n) + sqrt(ln(1/delta) / (2n)) + eps = 0.00115 + 0.00181 + 0.0001 = 0.0031
@@ -34,7 +34,7 @@ from specdec.registry import get_plugin_manager
 from specdec.types import SamplingTensors, TreeMeta
 
 from _mtp_heads import e2e_cpu  # noqa: F401  (a fixture)
-from test_sampling_probs import naive_probs
+from _naive_probs import naive_probs
 
 pytestmark = pytest.mark.usefixtures("e2e_cpu")
 

@@ -31,7 +31,7 @@ from specdec.testing.strategies import choices
 
 pytestmark = pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing")  # random heads, by design
 
-EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "third_party_plugin"
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "third_party_plugin"
 GREEDY_VERIFIER = VerifierCaps(lossless=True, needs_draft_probs=False, greedy_only=True)
 SAMPLING_VERIFIER = VerifierCaps(lossless=True, needs_draft_probs=True, greedy_only=False)
 

@@ -16,7 +16,7 @@ asserts that bound is below 1e-6 for every single dropped filter, on its own sam
 Target: a bigram Llama (V = 8, spread-out distributions) with the MTP head that predicts
 it exactly (`_mtp_heads`), so most drafts are accepted and the filters act on acceptance,
 residual and bonus alike. Truth: the exact next-token logits of every sampled prefix from
-transformers on the same weights, filtered by `naive_probs` (test_sampling_probs.py).
+transformers on the same weights, filtered by `naive_probs` (_naive_probs.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from specdec.models import load_target
 from specdec.registry import get_plugin_manager, strategy_names
 
 from _mtp_heads import bigram_oracle_mtp, e2e_cpu, make_bigram_checkpoint  # noqa: F401  (e2e_cpu: a fixture)
-from test_sampling_probs import naive_probs
+from _naive_probs import naive_probs
 
 pytestmark = pytest.mark.usefixtures("e2e_cpu")
 

@@ -28,7 +28,7 @@ from _mtp_heads import e2e_cpu  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.usefixtures("e2e_cpu"),
               pytest.mark.filterwarnings("ignore:drafter='eagle3' accepts almost nothing:UserWarning")]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- 1. threads

@@ -98,7 +98,7 @@ def test_nothing_recompiles_after_warmup(request, tmp_path):
     from pathlib import Path
 
     script = _FRESH_PROCESS.format(
-        tests=str(Path(__file__).parent), llama=str(request.getfixturevalue("tiny_llama8")),
+        tests=str(Path(__file__).parents[1]), llama=str(request.getfixturevalue("tiny_llama8")),
         head=str(request.getfixturevalue("tiny_eagle3_head")), device=DEVICE, graphs=CUDA,
     )
     env = {**__import__("os").environ, "TRITON_INTERPRET": "0"} if not CUDA else None

@@ -25,7 +25,7 @@ try:
 except Exception:  # noqa: BLE001 - a Triton build without the CUDA backend
     HAS_PTXAS = False
 
-SCRIPT = Path(__file__).with_name("_sm90_compile.py")
+SCRIPT = Path(__file__).resolve().parents[1] / "_sm90_compile.py"  # the helper stays at tests/
 
 
 @pytest.mark.skipif(not HAS_PTXAS, reason="this Triton build has no NVIDIA backend (ptxas) to compile with")

@@ -25,7 +25,7 @@ from specdec.registry import (
     strategy_table,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PLUGIN = ROOT / "examples" / "third_party_plugin"
 HEAVY = ("torch", "transformers")
 

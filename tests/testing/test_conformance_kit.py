@@ -23,7 +23,7 @@ from specdec.policies import DynamicPolicy
 from specdec.registry import get_plugin_manager
 from specdec.testing import check
 
-EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "third_party_plugin"
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "third_party_plugin"
 SMALL = 0.2  # x the ci profile's examples
 BINARY = {"max_draft_len": 3, "max_total_draft_tokens": 14}  # a config the example's `binary` accepts
 
