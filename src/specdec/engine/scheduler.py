@@ -1,6 +1,6 @@
 """Who runs where and when: the request queue, slots, admission order, prefill groups and
 preemption victims. Plain Python over `RequestState` records (no torch), so every rule here
-is unit-tested without a model (`tests/test_scheduler.py`); the engine asks it and does the
+is unit-tested without a model (`tests/engine/test_scheduler.py`); the engine asks it and does the
 device work (KV blocks, forwards) itself.
 
 Rules:

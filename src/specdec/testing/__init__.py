@@ -14,8 +14,8 @@ the property checks the built-ins pass, and prints a pass/fail table:
 - drafters: the tree contract on every proposal, greedy output equal to target-only,
   determinism, on a tiny random target (`check_drafters`).
 
-The project's own tests call the same kit (`tests/test_conformance_kit.py`,
-`tests/test_tree_policies.py`) and its hypothesis strategies and oracles (`strategies`,
+The project's own tests call the same kit (`tests/testing/test_conformance_kit.py`,
+`tests/policies/test_tree_policies.py`) and its hypothesis strategies and oracles (`strategies`,
 `oracles`).
 
 Layers, bottom up: `profiles`, `kit` (the machinery), `strategies` / `oracles`, the `check_*`

@@ -36,7 +36,7 @@ from .prompts import (
 )
 
 # The modules that import torch (specdec.models, trainer, pipeline, evaluate) are imported in the
-# commands that use them, not here: `specdec train --help` imports no torch (tests/test_cli_startup.py).
+# commands that use them, not here: `specdec train --help` imports no torch (tests/entrypoints/test_cli_startup.py).
 
 __all__ = ["main"]
 
