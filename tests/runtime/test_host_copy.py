@@ -50,7 +50,9 @@ def test_a_prefill_wave_syncs_once_per_group(tmp_path, drafter, temperature):
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        # inference mode, as in `run_iteration`: the prefill buffers captured by `warmup` are
+        # inference tensors, which may not be updated in place outside it (H200 at a699352)
+        with warnings.catch_warnings(record=True) as caught, torch.inference_mode():
             warnings.simplefilter("always")
             engine._admit()
             engine._advance_prefills()

@@ -88,6 +88,10 @@ def flex_paged_attention(
         memo[key] = create_block_mask(mask_mod, B, None, T, S, device=q.device)
     block_mask = memo[key]
     qh = q.to(k.dtype).transpose(1, 2)  # [B, H, T, hd]
-    out = flex(qh, k, v, block_mask=block_mask, scale=scale, enable_gqa=H != k.shape[1])
+    # CUDA: flex's main Triton kernel, never its decoding one, which AUTO picks for fewer than 128
+    # query rows: with grouped query heads over tree rows it can have no valid config at all
+    # (H200, torch 2.11: NoValidChoicesError for fp32, head_dim 16, 4 heads per KV head, 40 rows)
+    options = {"BACKEND": "TRITON"} if q.is_cuda else None
+    out = flex(qh, k, v, block_mask=block_mask, scale=scale, enable_gqa=H != k.shape[1], kernel_options=options)
     out = out.transpose(1, 2).to(q.dtype)  # [B, T, H, hd]
     return torch.where((torch.arange(T, device=q.device)[None, :] < batch.q_len[:, None])[..., None, None], out, 0)
