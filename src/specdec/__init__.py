@@ -1,7 +1,7 @@
 """specdec: speculative decoding for LLMs on PyTorch.
 
 Public API: the decoder (`SpecDecoder`), configs (`SpecConfig`, `SamplingParams`), the
-plugin system (`get_plugin_manager`, `hookimpl`), and the records strategies exchange.
+plugin system (`get_plugin_manager`, `hookimpl`, `strategy_hook`, `declared_names`), and the records strategies exchange.
 
 The configs and `hookimpl` import nothing heavy; the names that need torch are imported on
 first use (PEP 562), so `import specdec.entrypoints.cli` and `specdec --help` start without loading
@@ -12,6 +12,7 @@ from importlib import import_module
 
 from .config import ConfigError, SamplingParams, SpecConfig, resolve_capture_layers
 from .hookspecs import hookimpl
+from .plugin_helpers import declared_names, strategy_hook
 
 __version__ = "0.1.0"
 
@@ -39,11 +40,13 @@ __all__ = [
     "SpecConfig",
     "SpecDecoder",
     "TreeMeta",
+    "declared_names",
     "get_plugin_manager",
     "hookimpl",
     "load_target",
     "resolve",
     "resolve_capture_layers",
+    "strategy_hook",
 ]
 
 

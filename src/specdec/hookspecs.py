@@ -16,7 +16,10 @@ names an unknown strategy fails with the list of names that exist.
 
 Write a plugin: a module or object with functions named like the hooks below, decorated
 with `specdec.hookimpl`, registered with `pm.register(...)` or exposed through the
-entry-point group `specdec` (see `examples/third_party_plugin/`).
+entry-point group `specdec` (see `examples/third_party_plugin/`). `specdec.strategy_hook(NAME)`
+decorates a named strategy's hook (draft, capture layers, tree policy, verify) so it answers
+for its own name only, and `specdec.declared_names(...)` builds `specdec_strategy_names` from
+such hooks (`specdec.plugin_helpers`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Installed with `pip install examples/third_party_plugin`, found through the entr
 
 import torch
 
-from specdec import Acceptance, hookimpl
+from specdec import Acceptance, declared_names, strategy_hook
 from specdec.config import ConfigError
 from specdec.plugins.options import plugin_options
 from specdec.policies import FrontierPolicy
@@ -78,17 +78,15 @@ def binary_policy(config, samples: bool) -> BinaryPolicy:
     return BinaryPolicy(depth, samples=samples)
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"verifier": ["top2"], "tree": ["binary"]}
-
-
-@hookimpl
+@strategy_hook("binary")
 def specdec_tree_policy(config, verifier):
     # A fixed shape: with a verifier that needs draft probabilities, the children are i.i.d. draws.
-    return binary_policy(config, samples=verifier.needs_draft_probs) if config.tree == "binary" else None
+    return binary_policy(config, samples=verifier.needs_draft_probs)
 
 
-@hookimpl
+@strategy_hook("top2")
 def specdec_verify(config):
-    return Top2Verifier() if config.verifier == "top2" else None
+    return Top2Verifier()
+
+
+specdec_strategy_names = declared_names(specdec_verify, specdec_tree_policy)  # {"verifier": ["top2"], "tree": ["binary"]}

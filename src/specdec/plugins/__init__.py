@@ -1,8 +1,10 @@
 """Built-in strategies, each a pluggy plugin module (registered by `get_plugin_manager`).
 
 Write your own: a module with functions decorated by `specdec.hookimpl` and named like
-the hooks in `specdec.hookspecs`; declare your names in `specdec_strategy_names`; expose
-the module under the entry-point group `specdec` in your package's pyproject:
+the hooks in `specdec.hookspecs` (a named strategy's hooks by `specdec.strategy_hook(NAME)`,
+which answers for that name only); declare your names in `specdec_strategy_names`
+(`specdec.declared_names(hook, ...)` builds it); expose the module under the entry-point
+group `specdec` in your package's pyproject:
 
     [project.entry-points.specdec]
     my_plugin = "my_package.my_module"

@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 from specdec.config import ConfigError, SpecConfig
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.plugins.options import device_and_dtype, plugin_options
 
 NAME = "eagle3"
@@ -65,24 +65,15 @@ def _checkpoint_layers(src) -> tuple[int, ...] | None:
     return src.config.capture_layers
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"drafter": [NAME]}
-
-
-@hookimpl
+@strategy_hook(NAME)
 def specdec_capture_layers(config: SpecConfig, target):
-    if config.drafter != NAME:
-        return None
     from specdec.drafters.capture_conventions import check_capture_layers
 
     return check_capture_layers(config.layers_to_capture, _checkpoint_layers(_source(_options(config))), target.num_layers)
 
 
-@hookimpl
+@strategy_hook(NAME)
 def specdec_draft(config: SpecConfig, target, policy, verifier):
-    if config.drafter != NAME:
-        return None
     from specdec.drafters.eagle3_checkpoint import check_against_target, load_eagle3
     from specdec.drafters.eagle3_drafter import Eagle3Drafter
 
@@ -117,3 +108,6 @@ def specdec_draft(config: SpecConfig, target, policy, verifier):
         model, config, embed=embed, samples_drafts=verifier.needs_draft_probs, seed=int(options.get("seed", 0)),
         policy=policy,
     )
+
+
+specdec_strategy_names = declared_names(specdec_capture_layers, specdec_draft)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.ops import verify_greedy
 from specdec.types import Acceptance, TreeMeta
 
@@ -33,11 +33,9 @@ class GreedyVerifier:
         return verify_greedy(tokens, tree, target_logits)
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"verifier": [NAME]}
-
-
-@hookimpl
+@strategy_hook(NAME)
 def specdec_verify(config):
-    return GreedyVerifier() if config.verifier == NAME else None
+    return GreedyVerifier()
+
+
+specdec_strategy_names = declared_names(specdec_verify)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import ConfigError, SpecConfig
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.plugins.options import device_and_dtype, plugin_options
 
 NAME = "mtp"
@@ -83,15 +83,8 @@ def _draft_vocab(options: dict, vocab_size: int):
     )
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"drafter": [NAME]}
-
-
-@hookimpl
+@strategy_hook(NAME)
 def specdec_capture_layers(config: SpecConfig, target):
-    if config.drafter != NAME:
-        return None
     if config.layers_to_capture is not None:
         raise ConfigError(
             f"drafter='mtp' reads the target's last hidden state only; layers_to_capture={config.layers_to_capture} "
@@ -100,10 +93,8 @@ def specdec_capture_layers(config: SpecConfig, target):
     return ()
 
 
-@hookimpl
+@strategy_hook(NAME)
 def specdec_draft(config: SpecConfig, target, policy, verifier):
-    if config.drafter != NAME:
-        return None
     from specdec.drafters.mtp_checkpoint import check_against_target
     from specdec.drafters.mtp_drafter import MTPDrafter, restricted_head
 
@@ -147,3 +138,6 @@ def specdec_draft(config: SpecConfig, target, policy, verifier):
         model, config, embed=target_model.embed if lookup is None else lookup, head=head, target_ids=target_ids,
         samples_drafts=verifier.needs_draft_probs, seed=int(options.get("seed", 0)), policy=policy,
     )
+
+
+specdec_strategy_names = declared_names(specdec_capture_layers, specdec_draft)

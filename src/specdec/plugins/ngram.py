@@ -14,7 +14,7 @@ drafter has no model.
 from __future__ import annotations
 
 from specdec.config import ConfigError, SpecConfig
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.plugins.options import plugin_options
 
 NAME = "ngram"
@@ -31,26 +31,20 @@ def _options(config: SpecConfig):
     return NgramOptions.from_config(config, options)
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"drafter": [NAME]}
-
-
-@hookimpl
+@strategy_hook(NAME)
 def specdec_capture_layers(config: SpecConfig, target):
-    if config.drafter != NAME:
-        return None
     if config.layers_to_capture is not None:
         raise ConfigError(f"drafter='ngram' reads no hidden state; layers_to_capture={config.layers_to_capture} must be None")
     return ()
 
 
-@hookimpl
+@strategy_hook(NAME)
 def specdec_draft(config: SpecConfig, target, policy):
-    if config.drafter != NAME:
-        return None
     from specdec.drafters.ngram_drafter import NgramDrafter
 
     model = target.model
     param = next(model.parameters(), None) if model is not None else None
     return NgramDrafter(config, _options(config), device=param.device if param is not None else "cpu", policy=policy)
+
+
+specdec_strategy_names = declared_names(specdec_capture_layers, specdec_draft)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.types import DraftTree
 
 
@@ -49,16 +49,14 @@ class NoDrafter:
         return None
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"drafter": ["none"]}
-
-
-@hookimpl
+@strategy_hook("none")
 def specdec_capture_layers(config, target):
-    return () if config.drafter == "none" else None
+    return ()
 
 
-@hookimpl
+@strategy_hook("none")
 def specdec_draft(config, target):
-    return NoDrafter() if config.drafter == "none" else None
+    return NoDrafter()
+
+
+specdec_strategy_names = declared_names(specdec_capture_layers, specdec_draft)

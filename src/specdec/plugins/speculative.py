@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.ops import probs_for, verify_speculative
 from specdec.types import Acceptance, TreeMeta
 
@@ -38,11 +38,9 @@ class SpeculativeVerifier:
         return verify_speculative(tokens, tree, probs, draft_probs, uniforms=uniforms)
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"verifier": [NAME]}
-
-
-@hookimpl
+@strategy_hook(NAME)
 def specdec_verify(config):
-    return SpeculativeVerifier() if config.verifier == NAME else None
+    return SpeculativeVerifier()
+
+
+specdec_strategy_names = declared_names(specdec_verify)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.ops import probs_for, verify_target_only
 from specdec.types import Acceptance, TreeMeta
 
@@ -36,11 +36,9 @@ class TargetOnlyVerifier:
         return verify_target_only(tokens, tree, probs, uniforms=uniforms)
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"verifier": [NAME]}
-
-
-@hookimpl
+@strategy_hook(NAME)
 def specdec_verify(config):
-    return TargetOnlyVerifier() if config.verifier == NAME else None
+    return TargetOnlyVerifier()
+
+
+specdec_strategy_names = declared_names(specdec_verify)

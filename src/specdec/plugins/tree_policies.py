@@ -13,17 +13,13 @@ EAGLE-1 tree cut to the budget); the others take none.
 from __future__ import annotations
 
 from specdec.config import SpecConfig
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.policies.shapes import BUILTIN, builtin
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"tree": list(BUILTIN)}
-
-
-@hookimpl
+@strategy_hook(*BUILTIN)
 def specdec_tree_policy(config: SpecConfig, verifier):
-    if config.tree not in BUILTIN:
-        return None
     return builtin(config, samples=verifier.needs_draft_probs)
+
+
+specdec_strategy_names = declared_names(specdec_tree_policy)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.config import ConfigError, SpecConfig
-from specdec.hookspecs import hookimpl
+from specdec.plugin_helpers import declared_names, strategy_hook
 from specdec.ops import probs_for, sample_from_probs
 from specdec.types import Acceptance, TreeMeta
 
@@ -162,11 +162,9 @@ class TypicalVerifier:
         return f"TypicalVerifier({self.options}, max_depth={self.max_depth})"
 
 
-@hookimpl
-def specdec_strategy_names():
-    return {"verifier": [NAME]}
-
-
-@hookimpl
+@strategy_hook(NAME)
 def specdec_verify(config: SpecConfig):
-    return TypicalVerifier(TypicalOptions.from_config(config), config.max_draft_len) if config.verifier == NAME else None
+    return TypicalVerifier(TypicalOptions.from_config(config), config.max_draft_len)
+
+
+specdec_strategy_names = declared_names(specdec_verify)
