@@ -43,6 +43,7 @@ def test_failures_and_durations_reach_the_report_as_tests_finish(tmp_path):
     assert by_test["test_passes"]["outcome"] == "passed" and by_test["test_passes"]["when"] == "call"
     assert by_test["test_fails"]["outcome"] == "failed" and "planted failure" in by_test["test_fails"]["error"]
     assert all(isinstance(r["seconds"], float) for r in rows)
+    assert all(isinstance(r["cpu_seconds"], float) and r["cpu_seconds"] >= 0 and r["load1"] >= 0 for r in rows)
 
 
 def test_tests_after_the_deadline_are_skipped_with_the_reason_the_script_counts(tmp_path):
