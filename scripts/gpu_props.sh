@@ -27,6 +27,7 @@ fi
 setup="${GPU_PROPS_SETUP:-}"
 if [ $# -gt 1 ]; then  # several parts side by side on the one GPU (8 workers each): two parts per call
   pids=()
+  export GPU_PARTS_SIDE_BY_SIDE=$#  # each part's workers get their share of the CPU cores (gpu_sched.sh)
   for p in "$@"; do bash "$root/scripts/gpu_props.sh" "$p" & pids+=($!); done
   rc=0
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
@@ -96,6 +97,6 @@ rc=$?
 summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$out/props_$part.log" | tail -1)  # pytest's last line
 late=$(grep -c 'session deadline' "$out/props_$part.jsonl" 2>/dev/null)
 [ "${late:-0}" -gt 0 ] && summary="$late tests not started by the ${PROPS_DEADLINE_S:-420} s deadline; $summary" && rc=1
-echo "gpu_props $part: rc $rc, $((SECONDS - start)) s, ${#files[@]} files: $summary"
+echo "gpu_props $part: rc $rc, $((SECONDS - start)) s, ${#files[@]} files, $OMP_NUM_THREADS CPU threads per worker: $summary"
 grep '"outcome": "failed"' "$out/props_$part.jsonl" 2>/dev/null | cut -c1-400
 exit $rc
