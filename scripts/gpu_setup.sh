@@ -3,8 +3,9 @@
 #   .carry/wheels/*.whl   extra wheels (gguf)
 #   .carry/wheels/gguf.size   the GGUF's size in bytes (the parts are complete when they sum to it)
 #   .carry/<x>/partNN     GGUF parts, one folder per call: a call carries at most 64 MiB, the
-#                         tracked tree is ~25 MB, so the 98 MB GGUF travels in three parts
-#                         (`split -n 3 -d GGUF part`) in three back-to-back calls (warm 30 s).
+#                         tree is ~30 MB, so the 98 MB GGUF travels in three parts (four if the
+#                         tree grows) in back-to-back calls (warm 30 s). `bash scripts/make_carry.sh`
+#                         builds all of .carry/ on a fresh checkout and prints each call's carry list.
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONUNBUFFERED=1

@@ -11,14 +11,22 @@
 #                                                    # so that the evaluation fits in the call), export, evaluate
 #                                                    # on the per-category held-out set (EVAL_PROMPTS each)
 #   scripts/train_smollm2_parts.sh eval   OUT_DIR   # the finished head on the frozen held-out set (the old one)
+#   scripts/train_smollm2_parts.sh pack   OUT_DIR   # OUT_DIR as $OUT/<name>.tgz.00, .01, ...: at most 15 MiB a
+#                                                    # piece (a file over 16 MiB does not come back from the GPU
+#                                                    # machine, and a 16384-row head is ~29 MB); here, unpack with
+#                                                    # `cat <files_at>/<name>.tgz.* | tar -xzf - -C DEST`
+#
+# Across sessions (a machine is lost after 30 minutes held): pack the finished head, bring it back,
+# and start the next session's run from it on new prompts (EXTRA flags: --init-head FOLDER --seed N,
+# the folder carried into the working tree; the draft vocabulary is the head's).
 #
 # A killed `data` call resumes where it stopped (<work>/responses.pt); `train` and `finish` resume
 # <work>/checkpoint. STEPS is the whole schedule (default 4000: train + finish at ~210 ms/step on the
 # H200 with 32k-token batches and a 4096-token draft vocabulary; the 16384 default is slower, the
 # record says whether the schedule ended); extra flags go to `python -m specdec.train` after the defaults.
 set -euo pipefail
-stage="${1:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval OUT_DIR [extra flags]}"
-out="${2:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval OUT_DIR [extra flags]}"
+stage="${1:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval|pack OUT_DIR [extra flags]}"
+out="${2:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval|pack OUT_DIR [extra flags]}"
 shift 2
 head="${HEAD:-eagle3}"
 work="${WORK:-/tmp/specdec-train-smollm2-$head}"
@@ -45,7 +53,12 @@ case "$stage" in
   train)  run --max-minutes "$train_minutes" "$@" ;;
   finish) run --max-minutes "$finish_minutes" --eval --eval-source categories --eval-prompts "$eval_prompts" \
             --eval-batch-size 16 --eval-max-new-tokens 128 "$@" ;;
+  pack)   dest="${OUT:?pack writes its pieces to \$OUT}"; name="$(basename "$out")"
+          tar -C "$(dirname "$out")" -czf - "$name" | split -b 15M -d - "$dest/$name.tgz."
+          pieces=$(ls "$dest/$name".tgz.* | wc -l)
+          [ "$pieces" -le 8 ] || { echo "$out packs into $pieces pieces; at most 8 files come back from a call" >&2; exit 1; }
+          echo "packed $out into $pieces pieces of at most 15 MiB: $dest/$name.tgz.*" ;;
   eval)   python -m specdec.train eval --target smollm2 --head "$out" --drafter "$head" --eval-source frozen \
             --eval-batch-size 16 --eval-max-new-tokens 128 --json "$out/eval_frozen.json" "$@" ;;
-  *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval" >&2; exit 2 ;;
+  *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval, pack" >&2; exit 2 ;;
 esac

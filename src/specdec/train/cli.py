@@ -85,6 +85,7 @@ def _train_config(args):
     from .trainer import TrainConfig  # torch: see the note at the top
 
     layers = tuple(int(x) for x in args.capture_layers.split(",")) if args.capture_layers else None
+    init_head = getattr(args, "init_head", None)
     return TrainConfig(
         draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, prompt_weight=args.prompt_weight,
         epochs=args.epochs, max_steps=args.steps, batch_tokens=args.batch_tokens, max_len=args.max_len, lr=args.lr,
@@ -93,6 +94,7 @@ def _train_config(args):
         val_every=args.val_every, fc_norm=not args.no_fc_norm, capture_layers=layers, compile=args.compile,
         early_stop_patience=getattr(args, "early_stop_patience", None),
         val_fraction=getattr(args, "val_fraction", TrainConfig.val_fraction),
+        init_head=None if init_head is None else str(Path(init_head).expanduser()),
     )
 
 
@@ -106,6 +108,8 @@ def _cmd_train(args, argv) -> int:
         raise SystemExit(f"--max-variants {args.max_variants} is out of range; allowed: an int >= 1 (1: each prompt once)")
     if not args.variant_temperature > 0:
         raise SystemExit(f"--variant-temperature {args.variant_temperature} is out of range; allowed: a number > 0")
+    if args.init_head is not None and not (Path(args.init_head).expanduser() / "config.json").is_file():
+        raise SystemExit(f"--init-head {args.init_head}: no head there (a folder with config.json and model.safetensors)")
 
     return run_pipeline(RECIPES[args.command](), args, argv, load_target=_load_target, device=_device(args.device),
                         train_config=_train_config, eval_prompts=_prompts_for_eval)
@@ -251,6 +255,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
                    help="stop after this many validations (every --val-every steps) without a better mean est. tau over "
                         "the validation categories (default: off, the whole schedule runs)")
     g.add_argument("--capture-layers", default=None, help="e.g. 1,14,26 (output convention); default (1, L//2-1, L-4)")
+    g.add_argument("--init-head", default=None, metavar="FOLDER",
+                   help="start from this head's weights and draft vocabulary (a fresh optimizer and schedule; "
+                        "the settings must match it): training goes on across machines and sessions, on new data "
+                        "(another --seed gives other prompts); a checkpoint in --work to resume comes first")
     g.add_argument("--no-fc-norm", action="store_true", help="plain fc (no per-chunk RMSNorm before it)")
     g.add_argument("--compile", action="store_true", help="torch.compile the teacher forward and the TTT unroll")
     g.add_argument("--no-resume", dest="resume", action="store_false", help="start over even if <work>/checkpoint exists")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.mtp_checkpoint import load_mtp, save_mtp
+from specdec.drafters.mtp_checkpoint import check_against_target, load_mtp, save_mtp
 from specdec.drafters.mtp_model import MTPConfig, MTPModel, init_random_
 
 from .mtp_unroll import mtp_teacher_forward, mtp_unroll
@@ -78,6 +78,9 @@ def train_mtp(
     run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume, val_data=val_data)
     if run_setup.state is not None:
         head = load_mtp(run_setup.checkpoint, layout="specdec", device="cpu", dtype=torch.float32)
+    elif cfg.init_head is not None:  # a warm start: the head's weights, a fresh optimizer and schedule
+        head = load_mtp(cfg.init_head, device="cpu", dtype=torch.float32)
+        check_against_target(head.config, target.info, source=f"init head {cfg.init_head}")
     else:
         head = build_mtp_head(target, cfg)
     head = head.to(run_setup.device).train()

