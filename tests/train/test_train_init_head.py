@@ -28,11 +28,6 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def data(train_target):
-    return make_data(train_target, n=24)
-
-
-@pytest.fixture(scope="module")
 def eagle3_head(train_target, data, tmp_path_factory):
     """A head trained for 24 steps, saved (float32), and the log of that run."""
     work = tmp_path_factory.mktemp("first")

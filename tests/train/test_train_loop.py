@@ -29,11 +29,6 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def data(train_target):
-    return make_data(train_target, n=24)
-
-
-@pytest.fixture(scope="module")
 def trained(train_target, data, tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     log = work / "log.jsonl"
