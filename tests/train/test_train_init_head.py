@@ -100,3 +100,22 @@ def test_an_mtp_warm_start_begins_at_the_saved_head(train_target, data, tmp_path
 def test_the_command_line_names_a_missing_init_head(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"--init-head .*nohead: no head there"):
         main(["eagle3", "--target", "smollm2", "--out", str(tmp_path / "o"), "--init-head", str(tmp_path / "nohead")])
+
+
+def test_the_command_line_goes_on_from_a_finished_head(train_target, tmp_path):
+    from specdec.drafters.eagle3_checkpoint import load_eagle3
+
+    def argv(out, work, seed, *extra):
+        return ["eagle3", "--target", str(train_target.path), "--out", str(out), "--work", str(work), "--seed", str(seed),
+                "--num-prompts", "16", "--roots", "stdlib", "--max-new-tokens", "8", "--max-prompt-tokens", "160",
+                "--gen-batch-size", "8", "--draft-vocab-size", "48", "--steps", "2", "--batch-tokens", "1024",
+                "--ttt-steps", "2", "--log-every", "1", "--val-every", "2", *extra]
+
+    assert main(argv(tmp_path / "first", tmp_path / "w1", 0)) == 0
+    # the next session: other prompts (another seed), a new work folder, the first head to start from
+    assert main(argv(tmp_path / "second", tmp_path / "w2", 1, "--init-head", str(tmp_path / "first"))) == 0
+    first, second = load_eagle3(tmp_path / "first"), load_eagle3(tmp_path / "second")
+    assert torch.equal(first.d2t, second.d2t)  # the first head's draft vocabulary, kept
+    assert not torch.equal(first.fc.weight, second.fc.weight)  # and trained on
+    record = (tmp_path / "second" / "TRAINING.md").read_text()
+    assert f'"init_head": "{tmp_path / "first"}"' in record and "--init-head" in record
