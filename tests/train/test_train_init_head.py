@@ -29,7 +29,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def eagle3_head(train_target, data, tmp_path_factory):
-    """A head trained for 24 steps, saved (float32), and the log of that run."""
+    """A head trained for 24 steps: its saved folder (float32) and the head itself."""
     work = tmp_path_factory.mktemp("first")
     result = train_eagle3(train_target, data, TrainConfig(max_steps=24, **TINY), work_dir=work,
                           log_path=work / "log.jsonl", progress=False)

@@ -227,10 +227,12 @@ def load_init_eagle3(target, cfg: TrainConfig) -> Eagle3Model:
     }
     have = {"capture_layers": layers, "draft_vocab_size": head.config.draft_vocab_size,
             "fc_norm": head.config.fc_norm, "hidden_size": head.config.hidden_size}
+    fix = {"capture_layers": "pass --capture-layers to match it", "draft_vocab_size": "pass --draft-vocab-size to match it",
+           "fc_norm": "--no-fc-norm must match it", "hidden_size": "it was trained for another target"}
     for name, value in want.items():
         if have[name] != value:
             raise ValueError(f"{source} has {name}={have[name]!r}, the training settings ask for {name}={value!r}; "
-                             f"pass settings that match the head (--draft-vocab-size, --capture-layers, --no-fc-norm)")
+                             f"{fix[name]}")
     return head
 
 
