@@ -160,15 +160,15 @@ def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps
                   compile_mode: str = "auto"):
     """A batch-1 decoder whose max_seq_len holds `longest` prompt tokens and `steps` steps, warmed up
     (`warm_up`: compile, capture, and throw-away requests on `warm_prompts`)."""
-    N = base.num_tree_slots
-    max_seq_len = -(-(longest + steps + 1 + N * (1 + base.kv_lookahead_steps)) // 128) * 128
+    N = base.shape.num_tree_slots
+    max_seq_len = -(-(longest + steps + 1 + N * (1 + base.schedule.kv_lookahead_steps)) // 128) * 128
     config = base.replace(max_batch_size=1, max_seq_len=max_seq_len, compile=knob(compile_mode),
                           cuda_graphs=knob(args.cuda_graphs))
     t0 = time.perf_counter()
     draft = head if key != "target-only" else None
     dec = SpecDecoder.from_pretrained(target, draft, config, device=device, dtype=dtype)
     log(f"[{name}] built in {time.perf_counter() - t0:.1f} s; warming up (max_seq_len {max_seq_len}, "
-        f"compile={config.compile}, cuda_graphs={config.cuda_graphs})")
+        f"compile={config.execution.compile}, cuda_graphs={config.execution.cuda_graphs})")
     warm_s = warm_up(dec, warm_prompts, [1], device)
     timer = StepTimer()
     dec.engine.observers.append(timer)

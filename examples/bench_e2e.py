@@ -201,7 +201,7 @@ def run_specdec(key, target, heads, prompts, batch_sizes, new_tokens, args, dtyp
     t0 = time.perf_counter()
     dec = SpecDecoder.from_pretrained(target, draft, config, device=device, dtype=dtype)
     log(f"[{setup.name}] built in {time.perf_counter() - t0:.1f} s; warming up (buckets {config.batch_buckets}, "
-        f"max_seq_len {max_seq_len}, compile={config.compile}, cuda_graphs={config.cuda_graphs})")
+        f"max_seq_len {max_seq_len}, compile={config.execution.compile}, cuda_graphs={config.execution.cuda_graphs})")
     warm_s = warm_up(dec, prompts, batch_sizes, device)
     captured, prefill_graphs = dec.engine.capture_count, dec.engine.prefill_graph_count
     log(f"[{setup.name}] warm-up {warm_s:.1f} s (warmup() and throw-away requests, not timed), {captured} step and "
@@ -475,7 +475,7 @@ def main() -> None:
     log(head_line)
     out = JsonLines(args.out, dict(header=head_line, quick=quick, batch_sizes=batch_sizes, new_tokens=new_tokens))
 
-    widest = max(SPEC_SETUPS[k].config.num_tree_slots for k in setups if k in SPEC_SETUPS) if any(
+    widest = max(SPEC_SETUPS[k].config.shape.num_tree_slots for k in setups if k in SPEC_SETUPS) if any(
         k in SPEC_SETUPS for k in setups) else 1
     max_seq_len = -(-(lengths[-1] + new_tokens + widest + 1) // 128) * 128
     pad_id = target.tokenizer.pad_token_id if target.tokenizer is not None else None

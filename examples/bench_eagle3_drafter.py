@@ -42,7 +42,7 @@ def sync(device):
 
 def bench(model, embed, config: SpecConfig, device, *, samples: bool, prompt: int, iters: int):
     d = Eagle3Drafter(model, config, embed=embed, samples_drafts=samples)
-    B, N = config.max_batch_size, config.num_tree_slots
+    B, N = config.cache.max_batch_size, config.shape.num_tree_slots
     width = model.config.fc_in_features
     gen = torch.Generator(device=device).manual_seed(0)
     V = model.config.vocab_size
@@ -97,7 +97,7 @@ def main() -> None:
                                  max_batch_size=B, max_seq_len=args.max_seq_len, kv_block_size=16)
                 with torch.no_grad():
                     pre, prop = bench(model, embed, cfg, device, samples=samples, prompt=prompt, iters=args.iters)
-                rows.append((tree, topk or 1, depth, cfg.num_tree_slots, B, "sampled" if samples else "argmax", pre, prop))
+                rows.append((tree, topk or 1, depth, cfg.shape.num_tree_slots, B, "sampled" if samples else "argmax", pre, prop))
     print(f"device={device} dtype={dtype} head={'small' if args.small else 'llama3-8B-eagle3'} "
           f"max_seq_len={args.max_seq_len} prefill={prompt} tokens")
     print(f"{'tree':8} {'K':>2} {'D':>2} {'N':>3} {'B':>2} {'drafts':8} {'prefill ms':>10} {'propose ms':>10}")

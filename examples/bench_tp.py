@@ -131,8 +131,8 @@ def knob(value: str):
 def run_setup(key: str, target, head, prompt: list[int], args, tp_size: int, device, dtype) -> dict:
     """Build, warm up and time one setup; its tokens and ms/step."""
     _, base = SETUPS[key]
-    N = base.num_tree_slots
-    max_seq_len = -(-(len(prompt) + args.steps + 1 + N * (1 + base.kv_lookahead_steps)) // 128) * 128
+    N = base.shape.num_tree_slots
+    max_seq_len = -(-(len(prompt) + args.steps + 1 + N * (1 + base.schedule.kv_lookahead_steps)) // 128) * 128
     config = base.replace(max_batch_size=1, max_seq_len=max_seq_len, compile=knob(args.compile),
                           cuda_graphs=knob(args.cuda_graphs))
     draft = head if key != "target-only" else None

@@ -154,7 +154,7 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
         counter.wrap(step, "append", "other", opaque=True)
         counter.wrap(step, "sizes", "other", opaque=True)
     counter.wrap(engine.runner.cache, "tree_rows", "verify", opaque=True)  # compiled with compile="auto"
-    if config.adaptive:  # force the plain step due: deferred while the path allows, else ingesting
+    if config.schedule.adaptive:  # force the plain step due: deferred while the path allows, else ingesting
         engine.adaptive_rule.choose = lambda bucket, running, plain: False
         if key.endswith("-plain"):
             engine.defer_depth = None

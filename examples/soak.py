@@ -125,7 +125,7 @@ def main() -> None:
     for r, _ in requests:
         reasons[r.finish_reason] = reasons.get(r.finish_reason, 0) + 1
     cache = engine.runner.cache
-    held = dict(free_slots=len(engine.free_slots()), slots=config.max_batch_size, free_blocks=cache.num_free_blocks,
+    held = dict(free_slots=len(engine.free_slots()), slots=config.cache.max_batch_size, free_blocks=cache.num_free_blocks,
                 blocks=cache.num_blocks, waiting=len(engine.waiting),
                 drafter_live=int(drafter.live.sum()) if hasattr(drafter, "live") else 0)
     gc.collect()

@@ -65,9 +65,9 @@ def test_topk_without_dynamic_tree_is_an_error():
 
 
 def test_max_total_draft_tokens_defaults_to_topk_times_depth():
-    assert SpecConfig(tree="dynamic", topk=8, max_draft_len=6).max_total_draft_tokens == 48
-    assert SpecConfig(max_draft_len=5).max_total_draft_tokens == 5
-    assert SpecConfig(tree="dynamic", topk=8, max_draft_len=6).num_tree_slots == 49
+    assert SpecConfig(tree="dynamic", topk=8, max_draft_len=6).shape.max_total_draft_tokens == 48
+    assert SpecConfig(max_draft_len=5).shape.max_total_draft_tokens == 5
+    assert SpecConfig(tree="dynamic", topk=8, max_draft_len=6).shape.num_tree_slots == 49
 
 
 @pytest.mark.parametrize("total", [5, 49])
@@ -80,20 +80,20 @@ def test_max_total_draft_tokens_must_lie_between_depth_and_topk_times_depth(tota
 
 def test_replace_recomputes_the_derived_budget():
     cfg = SpecConfig(tree="dynamic", topk=4, max_draft_len=3)
-    assert cfg.replace(topk=8).max_total_draft_tokens == 24
-    assert cfg.replace(max_draft_len=5).replace(topk=2).max_total_draft_tokens == 10  # derived, again and again
-    assert cfg.replace(max_batch_size=2).max_total_draft_tokens == 12
+    assert cfg.replace(topk=8).shape.max_total_draft_tokens == 24
+    assert cfg.replace(max_draft_len=5).replace(topk=2).shape.max_total_draft_tokens == 10  # derived, again and again
+    assert cfg.replace(max_batch_size=2).shape.max_total_draft_tokens == 12
 
 
 def test_replace_keeps_a_chosen_budget():
     cfg = SpecConfig(tree="dynamic", topk=4, max_draft_len=3, max_total_draft_tokens=7)
-    assert cfg.replace(topk=8).max_total_draft_tokens == 7  # the user's choice: never silently reset
-    assert cfg.replace(max_draft_len=5).max_total_draft_tokens == 7
-    assert cfg.replace(max_total_draft_tokens=None, topk=2).max_total_draft_tokens == 6  # asked to derive it
+    assert cfg.replace(topk=8).shape.max_total_draft_tokens == 7  # the user's choice: never silently reset
+    assert cfg.replace(max_draft_len=5).shape.max_total_draft_tokens == 7
+    assert cfg.replace(max_total_draft_tokens=None, topk=2).shape.max_total_draft_tokens == 6  # asked to derive it
     assert cfg.replace(topk=8) == SpecConfig(tree="dynamic", topk=8, max_draft_len=3, max_total_draft_tokens=7)
     # a kept budget that the new shape cannot hold is a clear error, not a reset
     with pytest.raises(ConfigError, match=r"max_total_draft_tokens=7 is out of range; allowed: \[8, 32\]"):
-        policy(**{f.name: getattr(cfg.replace(max_draft_len=8), f.name) for f in dataclasses.fields(cfg) if f.init})
+        policy(**cfg.replace(max_draft_len=8).flat())
 
 
 def test_unknown_tree_shape_lists_the_shapes():
@@ -143,3 +143,75 @@ def test_sampling_params_defaults_are_greedy():
     params = SamplingParams()
     assert params.greedy and params.top_p == 1.0 and params.min_p == 0.0
     assert not SamplingParams(temperature=0.7).greedy
+
+
+def test_flat_names_go_to_their_parts():
+    from specdec.config import CacheConfig, ExecutionConfig, ScheduleConfig, TreeShape
+
+    cfg = SpecConfig(drafter="eagle3", tree="dynamic", topk=8, max_draft_len=6, max_batch_size=4, max_seq_len=512,
+                     prefill_chunk_size=64, adaptive=True, compile=False, graph_batch_sizes=(4, 1))
+    assert cfg.shape == TreeShape(max_draft_len=6, topk=8, max_total_draft_tokens=48)
+    assert cfg.cache == CacheConfig(max_batch_size=4, max_seq_len=512)
+    assert cfg.schedule == ScheduleConfig(prefill_chunk_size=64, adaptive=True)
+    assert cfg.execution == ExecutionConfig(compile=False, graph_batch_sizes=(1, 4))
+    assert cfg.batch_buckets == (1, 4) and cfg.cache.total_kv_blocks == 4 * 32
+    # whole parts build the same config; the flat view rebuilds it
+    same = SpecConfig(drafter="eagle3", tree="dynamic", shape=cfg.shape, cache=cfg.cache, schedule=cfg.schedule,
+                      execution=cfg.execution)
+    assert same == cfg and SpecConfig(**cfg.flat()) == cfg
+    assert set(cfg.flat()) == {"drafter", "tree", "verifier", "layers_to_capture", "plugin_options", "max_draft_len",
+                               "topk", "max_total_draft_tokens", "max_batch_size", "max_seq_len", "kv_block_size",
+                               "num_kv_blocks", "prefill_chunk_size", "kv_lookahead_steps", "adaptive", "overlap",
+                               "compile", "cuda_graphs", "graph_batch_sizes", "threads"}
+
+
+def test_unknown_names_and_a_part_set_twice_are_errors():
+    from specdec.config import CacheConfig
+
+    with pytest.raises(ConfigError, match=r"SpecConfig has no setting 'max_batch'; allowed: \[.*'max_batch_size'"):
+        SpecConfig(max_batch=4)
+    with pytest.raises(ConfigError, match=r"SpecConfig has no setting 'depth'; allowed:"):
+        SpecConfig().replace(depth=3)
+    with pytest.raises(ConfigError, match=r"cache= and \['max_seq_len'\] both set the cache part"):
+        SpecConfig(cache=CacheConfig(), max_seq_len=64)
+    with pytest.raises(ConfigError, match=r"cache must be a CacheConfig, got 4 \(int\)"):
+        SpecConfig(cache=4)
+    with pytest.raises(ConfigError, match=r"max_batch_size=0 is out of range"):
+        CacheConfig(max_batch_size=0)  # a part checks its own fields
+
+
+def test_replace_changes_only_what_it_names():
+    cfg = SpecConfig(drafter="eagle3", max_batch_size=4, max_seq_len=256, adaptive=True, cuda_graphs=False,
+                     graph_batch_sizes=(2, 4), plugin_options={"eagle3": {"x": 1}})
+    new = cfg.replace(max_seq_len=512, tree="static")
+    assert new.cache.max_seq_len == 512 and new.tree == "static"
+    assert new.flat() == {**cfg.flat(), "max_seq_len": 512, "tree": "static"}
+    # a cross-part rule is checked on the copy: the buckets must end at the new batch size
+    with pytest.raises(ConfigError, match=r"graph_batch_sizes=\(2, 4\) must include max_batch_size=8"):
+        cfg.replace(max_batch_size=8)
+    # the tree size must stay below the context, whichever part changes
+    with pytest.raises(ConfigError, match=r"max_seq_len=6 must exceed the tree slots N=6"):
+        SpecConfig(max_draft_len=5).replace(max_seq_len=6)
+
+
+def test_no_source_reads_a_setting_outside_its_part():
+    """`config.max_batch_size` would raise only when its line runs, and some lines run only on
+    CUDA (CI has none): every read of a part's setting through a name `config` / `cfg` goes
+    through the part, checked here on the source itself."""
+    import ast
+    import pathlib
+
+    import specdec
+    from specdec.config import PART_OF
+
+    root = pathlib.Path(specdec.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr in PART_OF):
+                continue
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else None
+            if name in ("config", "spec_config", "base") and not (path.name == "config.py"):
+                bad.append(f"{path.relative_to(root)}:{node.lineno}: {name}.{node.attr}")
+    assert not bad, "reads of a part's setting on the config itself (use config.<part>.<name>):\n" + "\n".join(bad)

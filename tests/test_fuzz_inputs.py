@@ -140,7 +140,8 @@ BAD_CONFIG_VALUES = dict(  # each out of range, of the wrong type or incoherent 
 
 def _spoil(draw, kw: dict, cls, bad_values: dict) -> dict:
     """`kw` with 0 to 2 fields of the dataclass `cls` spoiled: a known bad value, or any junk."""
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls)]  # SpecConfig: its parts, whole, and their fields by flat name
+    names = list(dict.fromkeys(names + (list(cls().flat()) if cls is SpecConfig else [])))
     for name in draw(st.lists(st.sampled_from(names), max_size=2, unique=True)):
         bad = bad_values.get(name)
         kw[name] = draw(JUNK if bad is None or draw(st.booleans()) else bad)
@@ -164,7 +165,7 @@ def test_random_spec_configs_are_config_errors_or_decoders_whose_greedy_output_i
             config = SpecConfig(**kw)
         except ConfigError:
             return
-        assert config.num_tree_slots == config.max_total_draft_tokens + 1
+        assert config.shape.num_tree_slots == config.shape.max_total_draft_tokens + 1
         config = config.replace(compile=False)  # compiling on the CPU is slow; what it compiles is tested elsewhere
         try:
             dec = SpecDecoder(target, config)

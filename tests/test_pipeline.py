@@ -49,7 +49,7 @@ def test_every_part_uses_the_pipelines_sizes(drafter, shape, tiny_llama8, tiny_e
     dec = decoder(drafter, shape, tiny_llama8, tiny_eagle3_head, tiny_llama3_with_hf, mtp_head)
     sizes, engine, runner = dec.pipeline.sizes, dec.engine, dec.engine.runner
     N = sizes.num_tree_slots
-    assert N <= dec.config.num_tree_slots
+    assert N <= dec.config.shape.num_tree_slots
     assert N == dec.strategies.drafter.num_tree_slots == engine.num_slots_tree == runner.num_tree_slots
     assert engine.sizes == sizes  # the engine derives nothing of its own
     assert engine.state.num_nodes == N and engine.state.draft_tokens.shape == (BASE["max_batch_size"], N)
@@ -82,8 +82,8 @@ def test_a_drafter_wider_than_the_configs_tree_slots_is_a_config_error(tiny_llam
     pipeline = build(cfg, target.info)
 
     class Wide:
-        num_tree_slots = cfg.num_tree_slots + 1
+        num_tree_slots = cfg.shape.num_tree_slots + 1
 
     strategies = type(pipeline.strategies)(**{**vars(pipeline.strategies), "drafter": Wide()})
-    with pytest.raises(specdec.ConfigError, match=r"drafter proposes 5 tree slots, more than config.num_tree_slots=4"):
+    with pytest.raises(specdec.ConfigError, match=r"drafter proposes 5 tree slots, more than config.shape.num_tree_slots=4"):
         derive_sizes(cfg, strategies)

@@ -48,7 +48,7 @@ def _cases(edges):
 @pytest.mark.parametrize("name, value, ok, kw", list(_cases(SPEC_EDGES)))
 def test_spec_config_ranges_at_their_edges(name, value, ok, kw):
     if ok:
-        assert getattr(SpecConfig(**{**kw, name: value}), name) == value
+        assert SpecConfig(**{**kw, name: value}).flat()[name] == value
     else:
         with pytest.raises(ConfigError, match=rf"^{name}={value} is out of range; allowed: "):
             SpecConfig(**{**kw, name: value})
@@ -56,10 +56,10 @@ def test_spec_config_ranges_at_their_edges(name, value, ok, kw):
 
 def test_max_seq_len_at_its_edges():
     # below: it must exceed the tree slots N = max_total_draft_tokens + 1 (the real lower edge)
-    assert SpecConfig(max_draft_len=1, max_seq_len=3).max_seq_len == 3
+    assert SpecConfig(max_draft_len=1, max_seq_len=3).cache.max_seq_len == 3
     with pytest.raises(ConfigError, match=r"^max_seq_len=2 must exceed the tree slots N=2"):
         SpecConfig(max_draft_len=1, max_seq_len=2)
-    assert SpecConfig(max_seq_len=1 << 20).max_seq_len == 1 << 20
+    assert SpecConfig(max_seq_len=1 << 20).cache.max_seq_len == 1 << 20
     with pytest.raises(ConfigError, match=rf"^max_seq_len={(1 << 20) + 1} is out of range; allowed: "):
         SpecConfig(max_seq_len=(1 << 20) + 1)
 

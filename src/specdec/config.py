@@ -1,9 +1,20 @@
 """Typed, validated configuration: what to compose and within which capacities.
 
-Owns `SpecConfig` (the engine's static shape and strategy names) and `SamplingParams`
-(per-request sampling). Every rule raises `ConfigError` naming the bad value and the
-allowed range; nothing is silently clamped. Strategy *names* are checked against the
-installed plugins by `specdec.registry`, not here (third parties add names).
+Owns `SpecConfig` (the strategy names and the engine's static shape) and its parts, each a
+frozen dataclass that checks its own fields:
+
+- `TreeShape`: the draft tree's depth D, width K and size N - 1 (a size left None is derived
+  here, once, and derived again by `replace` when D or K change);
+- `CacheConfig`: request slots B, context length, paged-KV blocks;
+- `ScheduleConfig`: chunked prefill, KV reservation ahead of need, adaptive and overlapped steps;
+- `ExecutionConfig`: torch.compile, CUDA graphs and their batch buckets, CPU threads;
+
+plus `SamplingParams` (per-request sampling). Users construct `SpecConfig` flat
+(`SpecConfig(drafter="eagle3", topk=8, max_batch_size=4)`): each name goes to its part; code
+reads the part (`config.shape.topk`, `config.cache.max_batch_size`), one name per value. Every
+rule raises `ConfigError` naming the bad value and the allowed range; nothing is silently
+clamped. Strategy *names* are checked against the installed plugins by `specdec.registry`, not
+here (third parties add names).
 """
 
 from __future__ import annotations
@@ -15,7 +26,8 @@ from dataclasses import dataclass, field
 from .checks import check_int
 from .errors import ConfigError
 
-__all__ = ["ConfigError", "SpecConfig", "SamplingParams", "resolve_capture_layers"]
+__all__ = ["CacheConfig", "ConfigError", "ExecutionConfig", "ScheduleConfig", "SpecConfig", "SamplingParams",
+           "TreeShape", "resolve_capture_layers"]
 
 
 MAX_TREE_SLOTS = 4096  # N = max_total_draft_tokens + 1 <= this
@@ -41,121 +53,55 @@ def _int_tuple(name: str, value) -> tuple:
 
 
 @dataclass(frozen=True)
-class SpecConfig:
-    """What to compose (strategy names) and the engine's fixed capacities.
+class TreeShape:
+    """The draft tree's shape: depth D, width K, and N - 1 draft tokens (node 0 is the root).
 
-    Capacities are static shapes: B = `max_batch_size` request slots and
-    N = `max_total_draft_tokens + 1` tree slots per request (node 0 is the root).
+    Which tree policies take `topk` and `max_total_draft_tokens`, and within which range, is the
+    policy's to say (`specdec.registry.resolve`); here only the plain bounds.
     """
 
-    drafter: str = "none"  # drafting strategy, e.g. "eagle3", "none" (target-only)
-    tree: str = "linear"  # tree policy: "linear", "dynamic" (EAGLE-2), "static", "sampled", or a plugin's
-    verifier: str = "greedy"  # acceptance rule, e.g. "greedy", "target-only", "speculative"
     max_draft_len: int = 5  # D: draft depth (tokens per chain / tree layers)
     topk: int | None = None  # K: children per expanded node, for policies that branch by K
     max_total_draft_tokens: int | None = None  # draft tokens per step, the tree's size; None = max_draft_len * topk (a chain: max_draft_len)
-    layers_to_capture: tuple[int, ...] | None = None  # target layer *outputs*; None = drafter default
-    max_batch_size: int = 8  # B: request slots
-    max_seq_len: int = 2048  # prompt + generated tokens per request, drafts included
-    kv_block_size: int = 16  # tokens per paged-KV block
-    num_kv_blocks: int | None = None  # None = enough for every slot at max_seq_len
-    plugin_options: dict = field(default_factory=dict)  # free-form, keyed by plugin name
-    compile: bool | str = "auto"  # torch.compile the model pieces: "auto" = on for CUDA, off on CPU; "step" = the pieces and the whole step as one graph per bucket
-    cuda_graphs: bool | str = "auto"  # capture the step per batch bucket: "auto" = on for CUDA
-    graph_batch_sizes: tuple[int, ...] | None = None  # batch buckets; None = 1, 2, 4, ... up to max_batch_size
-    prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
-    kv_lookahead_steps: int = 4  # KV blocks are reserved this many steps ahead of need
-    adaptive: bool = False  # per step, speculate only when the measured cost model says it pays
-    overlap: bool = False  # launch each step before reading the last one's hand-off (notes/OVERLAP.md); experimental
-    threads: int | str = "auto"  # CPU targets: torch threads; "auto" = the cores other work leaves idle (never more than torch's)
 
     def __post_init__(self) -> None:
-        for name in ("drafter", "tree", "verifier"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"{name} must be a non-empty strategy name, got {value!r}")
         check_int("max_draft_len", self.max_draft_len, 1, 64)
-        check_int("max_batch_size", self.max_batch_size, 1, 4096)
-        check_int("max_seq_len", self.max_seq_len, 2, 1 << 20)
-        check_int("kv_block_size", self.kv_block_size, 1, 4096)
-        if self.num_kv_blocks is not None:
-            check_int("num_kv_blocks", self.num_kv_blocks, 1)
-        for name, words in (("compile", ("auto", "step")), ("cuda_graphs", ("auto",))):
-            value = getattr(self, name)
-            if not (isinstance(value, bool) or (isinstance(value, str) and value in words)):
-                allowed = ", ".join([repr(w) for w in words] + ["True", "False"])
-                raise ConfigError(f"{name}={value!r} is not allowed; allowed: {allowed}")
-        if not isinstance(self.plugin_options, dict):
-            raise ConfigError(
-                f"plugin_options must be a dict keyed by plugin name, got {self.plugin_options!r} "
-                f"({type(self.plugin_options).__name__})"
-            )
-        check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
-        check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
-        if self.threads != "auto":
-            if isinstance(self.threads, str):
-                raise ConfigError(f"threads={self.threads!r} is not allowed; allowed: 'auto' or an int in [1, 1024]")
-            check_int("threads", self.threads, 1, 1024)
-        for name in ("adaptive", "overlap"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ConfigError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
-        if self.graph_batch_sizes is not None:
-            sizes = tuple(self.graph_batch_sizes) if isinstance(self.graph_batch_sizes, (tuple, list)) else None
-            if not sizes:
-                raise ConfigError(
-                    f"graph_batch_sizes={self.graph_batch_sizes!r} must be a non-empty tuple of ints or None"
-                )
-            for b in sizes:
-                check_int("graph_batch_sizes entries", b, 1, self.max_batch_size)
-            sizes = tuple(sorted(set(sizes)))
-            if sizes[-1] != self.max_batch_size:
-                raise ConfigError(
-                    f"graph_batch_sizes={sizes} must include max_batch_size={self.max_batch_size} "
-                    "(the bucket that holds every slot)"
-                )
-            object.__setattr__(self, "graph_batch_sizes", sizes)
-
-        # Which tree names exist, and which of topk / max_total_draft_tokens a tree takes, is the
-        # tree policy's to say (plugins add policies): `specdec.registry.resolve` checks both.
         if self.topk is not None:
             check_int("topk", self.topk, 1, 64)
-        # whether the budget was derived (given as None): `replace` derives it again then, and keeps
+        # whether the size was derived (given as None): `replace` derives it again then, and keeps
         # a value the user chose (an attribute, not a field: flags, equality and repr skip it)
         object.__setattr__(self, "_derived_total", self.max_total_draft_tokens is None)
         if self.max_total_draft_tokens is None:
             object.__setattr__(self, "max_total_draft_tokens", self.max_draft_len * (self.topk or 1))
         check_int("max_total_draft_tokens", self.max_total_draft_tokens, 1, MAX_TREE_SLOTS - 1)
 
-        if self.layers_to_capture is not None:
-            layers = _int_tuple("layers_to_capture", self.layers_to_capture)
-            for layer in layers:
-                if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-                    raise ConfigError(f"layers_to_capture entries must be ints >= 0, got {layer!r} in {layers}")
-            if len(set(layers)) != len(layers):
-                raise ConfigError(f"layers_to_capture={layers} has duplicates; each layer may be captured once")
-            object.__setattr__(self, "layers_to_capture", tuple(sorted(layers)))
-        if self.max_seq_len <= self.num_tree_slots:
-            raise ConfigError(
-                f"max_seq_len={self.max_seq_len} must exceed the tree slots N={self.num_tree_slots} "
-                "(max_total_draft_tokens + 1)"
-            )
-
     @property
     def num_tree_slots(self) -> int:
         """N: tree node slots per request, root included."""
         return self.max_total_draft_tokens + 1
 
-    @property
-    def batch_buckets(self) -> tuple[int, ...]:
-        """Batch sizes a step runs at (and CUDA graphs are captured for), ascending."""
-        if self.graph_batch_sizes is not None:
-            return self.graph_batch_sizes
-        sizes, b = [], 1
-        while b < self.max_batch_size:
-            sizes.append(b)
-            b *= 2
-        return tuple(sizes) + (self.max_batch_size,)
+    def replace(self, **changes) -> "TreeShape":
+        """A validated copy; a derived size is derived again from the new D and K, a chosen one kept."""
+        if self._derived_total:
+            changes.setdefault("max_total_draft_tokens", None)
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Request slots and the paged KV cache they share: static shapes, fixed at start-up."""
+
+    max_batch_size: int = 8  # B: request slots
+    max_seq_len: int = 2048  # prompt + generated tokens per request, drafts included
+    kv_block_size: int = 16  # tokens per paged-KV block
+    num_kv_blocks: int | None = None  # None = enough for every slot at max_seq_len
+
+    def __post_init__(self) -> None:
+        check_int("max_batch_size", self.max_batch_size, 1, 4096)
+        check_int("max_seq_len", self.max_seq_len, 2, 1 << 20)
+        check_int("kv_block_size", self.kv_block_size, 1, 4096)
+        if self.num_kv_blocks is not None:
+            check_int("num_kv_blocks", self.num_kv_blocks, 1)
 
     @property
     def blocks_per_seq(self) -> int:
@@ -167,13 +113,178 @@ class SpecConfig:
         """Paged-KV pool size in blocks."""
         return self.num_kv_blocks or self.max_batch_size * self.blocks_per_seq
 
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How the engine runs steps: prefill chunks, KV reserved ahead, when to speculate."""
+
+    prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
+    kv_lookahead_steps: int = 4  # KV blocks are reserved this many steps ahead of need
+    adaptive: bool = False  # per step, speculate only when the measured cost model says it pays
+    overlap: bool = False  # launch each step before reading the last one's hand-off (notes/OVERLAP.md); experimental
+
+    def __post_init__(self) -> None:
+        check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
+        check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
+        _check_bool("adaptive", self.adaptive)
+        _check_bool("overlap", self.overlap)
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How a step executes on the device: compiled, captured, on how many CPU threads."""
+
+    compile: bool | str = "auto"  # torch.compile the model pieces: "auto" = on for CUDA, off on CPU; "step" = the pieces and the whole step as one graph per bucket
+    cuda_graphs: bool | str = "auto"  # capture the step per batch bucket: "auto" = on for CUDA
+    graph_batch_sizes: tuple[int, ...] | None = None  # batch buckets; None = 1, 2, 4, ... up to max_batch_size
+    threads: int | str = "auto"  # CPU targets: torch threads; "auto" = the cores other work leaves idle (never more than torch's)
+
+    def __post_init__(self) -> None:
+        for name, words in (("compile", ("auto", "step")), ("cuda_graphs", ("auto",))):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or (isinstance(value, str) and value in words)):
+                allowed = ", ".join([repr(w) for w in words] + ["True", "False"])
+                raise ConfigError(f"{name}={value!r} is not allowed; allowed: {allowed}")
+        if self.threads != "auto":
+            if isinstance(self.threads, str):
+                raise ConfigError(f"threads={self.threads!r} is not allowed; allowed: 'auto' or an int in [1, 1024]")
+            check_int("threads", self.threads, 1, 1024)
+        if self.graph_batch_sizes is not None:
+            sizes = tuple(self.graph_batch_sizes) if isinstance(self.graph_batch_sizes, (tuple, list)) else None
+            if not sizes:
+                raise ConfigError(
+                    f"graph_batch_sizes={self.graph_batch_sizes!r} must be a non-empty tuple of ints or None"
+                )
+            for b in sizes:
+                check_int("graph_batch_sizes entries", b, 1, 4096)
+            object.__setattr__(self, "graph_batch_sizes", tuple(sorted(set(sizes))))
+
+
+PARTS: dict[str, type] = {"shape": TreeShape, "cache": CacheConfig, "schedule": ScheduleConfig,
+                          "execution": ExecutionConfig}
+# flat name (a part's field) -> the part that owns it
+PART_OF: dict[str, str] = {f.name: part for part, cls in PARTS.items() for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True, init=False)
+class SpecConfig:
+    """What to compose (strategy names) and the engine's fixed capacities, in parts.
+
+    Capacities are static shapes: B = `cache.max_batch_size` request slots and
+    N = `shape.num_tree_slots` tree slots per request (node 0 is the root). Construct it flat,
+    every part's field by name (`SpecConfig(drafter="eagle3", topk=8, max_batch_size=4)`), or
+    with whole parts (`SpecConfig(cache=CacheConfig(max_batch_size=4))`), not both for one part.
+    """
+
+    drafter: str = "none"  # drafting strategy, e.g. "eagle3", "none" (target-only)
+    tree: str = "linear"  # tree policy: "linear", "dynamic" (EAGLE-2), "static", "sampled", or a plugin's
+    verifier: str = "greedy"  # acceptance rule, e.g. "greedy", "target-only", "speculative"
+    layers_to_capture: tuple[int, ...] | None = None  # target layer *outputs*; None = drafter default
+    plugin_options: dict = field(default_factory=dict)  # free-form, keyed by plugin name
+    shape: TreeShape = field(default_factory=TreeShape, metadata={"part": True})
+    cache: CacheConfig = field(default_factory=CacheConfig, metadata={"part": True})
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig, metadata={"part": True})
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig, metadata={"part": True})
+
+    def __init__(self, *, drafter: str = "none", tree: str = "linear", verifier: str = "greedy",
+                 layers_to_capture: tuple[int, ...] | None = None, plugin_options: dict | None = None,
+                 shape: TreeShape | None = None, cache: CacheConfig | None = None,
+                 schedule: ScheduleConfig | None = None, execution: ExecutionConfig | None = None, **flat) -> None:
+        given = {"shape": shape, "cache": cache, "schedule": schedule, "execution": execution}
+        per_part: dict[str, dict] = {p: {} for p in PARTS}
+        for name, value in flat.items():
+            if name not in PART_OF:
+                allowed = sorted([f.name for f in dataclasses.fields(SpecConfig)] + list(PART_OF))
+                raise ConfigError(f"SpecConfig has no setting {name!r}; allowed: {allowed}")
+            per_part[PART_OF[name]][name] = value
+        for part, cls in PARTS.items():
+            value, names = given[part], per_part[part]
+            if value is not None and names:
+                raise ConfigError(f"{part}= and {sorted(names)} both set the {part} part; pass one or the other")
+            if value is None:
+                value = cls(**names)
+            elif not isinstance(value, cls):
+                raise ConfigError(f"{part} must be a {cls.__name__}, got {value!r} ({type(value).__name__})")
+            object.__setattr__(self, part, value)
+        object.__setattr__(self, "drafter", drafter)
+        object.__setattr__(self, "tree", tree)
+        object.__setattr__(self, "verifier", verifier)
+        object.__setattr__(self, "layers_to_capture", layers_to_capture)
+        object.__setattr__(self, "plugin_options", {} if plugin_options is None else plugin_options)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        for name in ("drafter", "tree", "verifier"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{name} must be a non-empty strategy name, got {value!r}")
+        if not isinstance(self.plugin_options, dict):
+            raise ConfigError(
+                f"plugin_options must be a dict keyed by plugin name, got {self.plugin_options!r} "
+                f"({type(self.plugin_options).__name__})"
+            )
+        if self.layers_to_capture is not None:
+            layers = _int_tuple("layers_to_capture", self.layers_to_capture)
+            for layer in layers:
+                if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                    raise ConfigError(f"layers_to_capture entries must be ints >= 0, got {layer!r} in {layers}")
+            if len(set(layers)) != len(layers):
+                raise ConfigError(f"layers_to_capture={layers} has duplicates; each layer may be captured once")
+            object.__setattr__(self, "layers_to_capture", tuple(sorted(layers)))
+        # rules across parts, once
+        sizes, batch = self.execution.graph_batch_sizes, self.cache.max_batch_size
+        if sizes is not None:
+            for b in sizes:
+                check_int("graph_batch_sizes entries", b, 1, batch)
+            if sizes[-1] != batch:
+                raise ConfigError(
+                    f"graph_batch_sizes={sizes} must include max_batch_size={batch} (the bucket that holds every slot)"
+                )
+        if self.cache.max_seq_len <= self.shape.num_tree_slots:
+            raise ConfigError(
+                f"max_seq_len={self.cache.max_seq_len} must exceed the tree slots N={self.shape.num_tree_slots} "
+                "(max_total_draft_tokens + 1)"
+            )
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """Batch sizes a step runs at (and CUDA graphs are captured for), ascending."""
+        if self.execution.graph_batch_sizes is not None:
+            return self.execution.graph_batch_sizes
+        sizes, b, batch = [], 1, self.cache.max_batch_size
+        while b < batch:
+            sizes.append(b)
+            b *= 2
+        return tuple(sizes) + (batch,)
+
+    def flat(self) -> dict:
+        """Every setting by its flat name (the keywords that rebuild this config)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("part")}
+        for part in PARTS:
+            value = getattr(self, part)
+            out.update({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+        return out
+
     def replace(self, **changes) -> "SpecConfig":
-        """A validated copy with `changes` applied. A derived `max_total_draft_tokens` (left
-        None) is derived again from the new depth and width; one the user chose is kept (and
-        checked against the new shape by the tree policy), never silently reset."""
-        if self._derived_total:
-            changes.setdefault("max_total_draft_tokens", None)
-        return dataclasses.replace(self, **changes)
+        """A validated copy with `changes` (flat names, or whole parts) applied. A derived
+        `max_total_draft_tokens` (left None) is derived again from the new depth and width; one
+        the user chose is kept (and checked against the new shape by the tree policy), never
+        silently reset; no other setting changes unless named."""
+        top = {k: v for k, v in changes.items() if k not in PART_OF}
+        unknown = sorted(set(top) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            allowed = sorted([f.name for f in dataclasses.fields(SpecConfig)] + list(PART_OF))
+            raise ConfigError(f"SpecConfig has no setting {unknown[0]!r}; allowed: {allowed}")
+        for part in PARTS:
+            names = {k: v for k, v in changes.items() if PART_OF.get(k) == part}
+            if names and part in top:
+                raise ConfigError(f"{part}= and {sorted(names)} both set the {part} part; pass one or the other")
+            if names:
+                current = getattr(self, part)
+                top[part] = current.replace(**names) if part == "shape" else dataclasses.replace(current, **names)
+        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        kw.update(top)
+        return SpecConfig(**kw)
 
 
 def resolve_capture_layers(num_layers: int, layers: tuple[int, ...] | None) -> tuple[int, ...]:

@@ -42,7 +42,7 @@ def auto_threads(current: int, cpus: int | None = None, load: float | None = Non
 
 
 def apply_threads(threads: int | str) -> int:
-    """Set torch's intra-op thread count from a `SpecConfig.threads` value; returns it."""
+    """Set torch's intra-op thread count from a `SpecConfig.execution.threads` value; returns it."""
     import torch
 
     count = auto_threads(torch.get_num_threads()) if threads == "auto" else int(threads)

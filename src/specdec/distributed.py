@@ -114,7 +114,7 @@ def check_tp_size(tp_size) -> int:
 def check_spmd(config, tp_size: int) -> None:
     """`SpecConfig` options whose decisions come from each rank's own clock cannot run with
     `tp_size > 1` (the ranks would choose differently and their collectives desynchronize)."""
-    if tp_size > 1 and getattr(config, "adaptive", False):
+    if tp_size > 1 and config.schedule.adaptive:
         raise ConfigError(
             f"adaptive=True cannot run with tp_size={tp_size}: each rank would time its own steps and could choose "
             "a different step, desynchronizing the ranks' collectives; use adaptive=False"

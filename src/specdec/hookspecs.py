@@ -83,7 +83,7 @@ def specdec_draft(config: SpecConfig, target: TargetInfo, policy: TreePolicy, ve
     The returned object proposes, each step, a `DraftTree` with
     ``tokens [B, N] int64``, ``parents [B, N] int64`` (topological, root -1) and
     ``num_nodes [B] int64`` from the captured hidden states and the accepted tokens, where
-    N = ``policy.num_nodes + 1`` <= ``config.num_tree_slots``. A drafter that expands
+    N = ``policy.num_nodes + 1`` <= ``config.shape.num_tree_slots``. A drafter that expands
     frontiers samples its candidates exactly when ``policy.samples`` and returns
     ``draft_probs`` exactly when ``verifier.needs_draft_probs``. Its required capabilities
     (`reads`, `runs_on_host`, `samples_drafts`, `num_tree_slots`; `specdec.strategies.Drafter`)

@@ -28,7 +28,7 @@ __all__ = ["Pipeline", "Sizes", "build", "derive_sizes"]
 class Sizes:
     """Every size derived from a config and its resolved strategies."""
 
-    num_tree_slots: int  # N: tree node slots per request, root included (the drafter's; <= config.num_tree_slots)
+    num_tree_slots: int  # N: tree node slots per request, root included (the drafter's; <= config.shape.num_tree_slots)
     lookahead: int  # KV positions past committed_len one step writes: the target's tree or the drafter's rows
     capture_rows: int  # rows of the target's capture buffer (`models.capture.capture_rows`)
     draft_budget: int  # a request's full per-step draft budget: N - 1 draft tokens
@@ -49,12 +49,12 @@ def derive_sizes(config: SpecConfig, strategies: Strategies) -> Sizes:
     """The sizes of `strategies` under `config`; a drafter whose N exceeds the config's tree
     slots is a `ConfigError`."""
     n = strategies.drafter.num_tree_slots
-    if n > config.num_tree_slots:
-        raise ConfigError(f"drafter proposes {n} tree slots, more than config.num_tree_slots={config.num_tree_slots} "
+    if n > config.shape.num_tree_slots:
+        raise ConfigError(f"drafter proposes {n} tree slots, more than config.shape.num_tree_slots={config.shape.num_tree_slots} "
                           "(max_total_draft_tokens + 1)")
     lookahead = max(n, strategies.drafter_caps.kv_lookahead)
     return Sizes(num_tree_slots=n, lookahead=lookahead, capture_rows=capture_rows(config, n), draft_budget=n - 1,
-                 adaptive_depth=min(config.max_draft_len, n - 1), batch_buckets=config.batch_buckets)
+                 adaptive_depth=min(config.shape.max_draft_len, n - 1), batch_buckets=config.batch_buckets)
 
 
 def build(config: SpecConfig, target: TargetInfo, pm: pluggy.PluginManager | None = None) -> Pipeline:

@@ -263,10 +263,10 @@ def resolve_tree_policy(
             "(its policy has samples=False); use a policy that draws i.i.d. children ('sampled', 'static', "
             "'linear', 'dynamic') or verifier='target-only'"
         )
-    if caps.num_nodes + 1 > config.num_tree_slots:
+    if caps.num_nodes + 1 > config.shape.num_tree_slots:
         raise ConfigError(
             f"tree={config.tree!r} grows {caps.num_nodes} draft nodes, more than max_total_draft_tokens="
-            f"{config.max_total_draft_tokens}"
+            f"{config.shape.max_total_draft_tokens}"
         )
     return policy
 

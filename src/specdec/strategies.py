@@ -58,7 +58,7 @@ class Drafter(Protocol):
                     captured step starts at tree building.
     samples_drafts: its trees carry `DraftTree.draft_probs` (children drawn i.i.d. from
                     those rows), as verifiers with `needs_draft_probs` require.
-    num_tree_slots: N, the tree capacity it proposes (1 = root only), <= config.num_tree_slots.
+    num_tree_slots: N, the tree capacity it proposes (1 = root only), <= config.shape.num_tree_slots.
 
     Optional: `kv_lookahead` (int, default 0: logical positions past `committed_len` the
     drafter writes in its own KV during `propose`; the engine reserves max(N, kv_lookahead)

@@ -87,7 +87,7 @@ def check_request(
         prompt: the prompt's token ids, a list of ints (already encoded).
         params: its `SamplingParams`.
         vocab_size: V of the target; ids must lie in [0, V) and `top_k` in [0, V].
-        max_seq_len: `SpecConfig.max_seq_len`; prompt + `max_new_tokens` + `lookahead` must fit.
+        max_seq_len: `SpecConfig.cache.max_seq_len`; prompt + `max_new_tokens` + `lookahead` must fit.
         max_positions: the model's own context (`model_context_length(target)`), or None;
             prompt + `max_new_tokens` must fit (positions drafted ahead are never committed).
         lookahead: positions past the committed length a step writes (the engine's

@@ -37,7 +37,7 @@ class Slots:
 
     def __init__(self, drafter, cfg, worlds):
         self.d, self.cfg, self.worlds = drafter, cfg, worlds
-        B, N = cfg.max_batch_size, cfg.num_tree_slots
+        B, N = cfg.cache.max_batch_size, cfg.shape.num_tree_slots
         self.committed = [0] * B
         self.accept = [-1] * B
         self.active = [False] * B
@@ -51,7 +51,7 @@ class Slots:
     def accept_path(self, slot, a):
         """The last tree's a drafts + bonus were accepted: tokens seq[C+1..C+a+1], states H[C..C+a]."""
         w, C = self.worlds[slot], self.committed[slot]
-        B, N = self.cfg.max_batch_size, self.cfg.num_tree_slots
+        B, N = self.cfg.cache.max_batch_size, self.cfg.shape.num_tree_slots
         if self.hidden is None:
             self.hidden = torch.full((B, N, WIDTH), float("nan"), dtype=w.H.dtype)
         self.hidden[slot] = float("nan")  # rows past a are undefined
@@ -61,7 +61,7 @@ class Slots:
         self.committed[slot], self.accept[slot] = C + a + 1, a
 
     def inputs(self, sampling=None):
-        B = self.cfg.max_batch_size
+        B = self.cfg.cache.max_batch_size
         root = torch.tensor([int(self.worlds[s].seq[self.committed[s]]) for s in range(B)])
         inp = StepState.for_drafting(
             root_tokens=root, committed_len=torch.tensor(self.committed), accept_length=torch.tensor(self.accept),
@@ -76,14 +76,14 @@ class Slots:
 def fresh_tree(tree, topk, depth, world, L, slot=0, **kw):
     """The tree a brand-new drafter proposes after prefilling the whole history seq[:L] into `slot`."""
     d, cfg = make(tree, topk, depth, **kw)
-    s = Slots(d, cfg, [world] * cfg.max_batch_size)
+    s = Slots(d, cfg, [world] * cfg.cache.max_batch_size)
     s.prefill(slot, L)
     return d.propose(s.inputs()), d
 
 
 def assert_valid(tree, cfg, live):
     B, N = tree.tokens.shape
-    assert N == cfg.num_tree_slots
+    assert N == cfg.shape.num_tree_slots
     for b in range(B):
         n = int(tree.num_nodes[b])
         assert n == (N if live[b] else 1)
@@ -93,7 +93,7 @@ def assert_valid(tree, cfg, live):
         depth = [0] * n
         for i in range(1, n):
             depth[i] = depth[par[i]] + 1
-        assert max(depth) <= cfg.max_draft_len
+        assert max(depth) <= cfg.shape.max_draft_len
 
 
 CASES = [("linear", None, 4), ("dynamic", 3, 3), ("dynamic", 2, 4)]
@@ -112,7 +112,7 @@ def test_drafts_are_valid_trees_and_idle_slots_draft_root_only(tree, topk, depth
     tokens = t.tokens[0, 1:]  # drafts are target ids of draft-vocabulary tokens
     assert bool(d.model.t2d[tokens].all())
     if samples:
-        N = cfg.num_tree_slots
+        N = cfg.shape.num_tree_slots
         probs = t.draft_probs  # [B, N, V]
         assert probs.shape == (3, N, V)
         has_children = torch.zeros(3, N, dtype=torch.bool)
@@ -166,7 +166,7 @@ def test_reset_slot_gives_root_only_trees_until_the_next_prefill_and_reuse_is_cl
     d.propose(s.inputs())
     d.reset_slot(0)
     t = d.propose(s.inputs())  # the engine still says active, but the slot has no draft state
-    assert int(t.num_nodes[0]) == 1 and t.parents[0].tolist() == [-1] * cfg.num_tree_slots
+    assert int(t.num_nodes[0]) == 1 and t.parents[0].tolist() == [-1] * cfg.shape.num_tree_slots
     s.worlds[0] = world
     s.prefill(0, 7)  # reused by a new request
     ref, _ = fresh_tree("dynamic", 2, 3, world, 7)
@@ -271,7 +271,7 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     s = Slots(d, cfg, [World(20, WIDTH, dtype=torch.float64)] * 3)
     s.prefill(0, 5)
     inp = s.inputs()
-    inp.hidden_path = torch.zeros(3, cfg.num_tree_slots, 2 * D_T)
+    inp.hidden_path = torch.zeros(3, cfg.shape.num_tree_slots, 2 * D_T)
     with pytest.raises(ValueError, match=r"StepState.hidden_path has width 64; the EAGLE-3 head reads the captured target states .* of width 96"):
         d.propose(inp)
 

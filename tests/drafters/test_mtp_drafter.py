@@ -56,7 +56,7 @@ class Slots:
 
     def __init__(self, drafter, cfg, worlds):
         self.d, self.cfg, self.worlds = drafter, cfg, worlds
-        B, N = cfg.max_batch_size, cfg.num_tree_slots
+        B, N = cfg.cache.max_batch_size, cfg.shape.num_tree_slots
         self.committed, self.accept, self.active = [0] * B, [-1] * B, [False] * B
         self.hidden = None
         self.accept_tokens = torch.full((B, N), -1)
@@ -69,7 +69,7 @@ class Slots:
     def accept_path(self, slot, a):
         """a drafts + the bonus accepted: tokens seq[C+1..C+a+1], target states H[C..C+a]."""
         w, C = self.worlds[slot], self.committed[slot]
-        B, N = self.cfg.max_batch_size, self.cfg.num_tree_slots
+        B, N = self.cfg.cache.max_batch_size, self.cfg.shape.num_tree_slots
         if self.hidden is None:
             self.hidden = torch.full((B, N, D), float("nan"), dtype=torch.float64)
         self.hidden[slot] = float("nan")  # rows past a are undefined
@@ -122,7 +122,7 @@ def reference_tree(d: MTPDrafter, world: World, C: int):
 
 def assert_valid(tree, cfg, live):
     B, N = tree.tokens.shape
-    assert N == cfg.num_tree_slots
+    assert N == cfg.shape.num_tree_slots
     for b in range(B):
         n = int(tree.num_nodes[b])
         assert n == (N if live[b] else 1)
@@ -131,7 +131,7 @@ def assert_valid(tree, cfg, live):
         depth = [0] * n
         for i in range(1, n):
             depth[i] = depth[par[i]] + 1
-        assert max(depth) <= cfg.max_draft_len
+        assert max(depth) <= cfg.shape.max_draft_len
 
 
 @settings(max_examples=5)
@@ -184,7 +184,7 @@ def test_idle_and_reset_slots_draft_root_only_trees_and_a_reused_slot_starts_cle
     d.propose(s.inputs())
     d.reset_slot(0)
     t = d.propose(s.inputs())  # the engine still says active, but the slot has no draft state
-    assert int(t.num_nodes[0]) == 1 and t.parents[0].tolist() == [-1] * cfg.num_tree_slots
+    assert int(t.num_nodes[0]) == 1 and t.parents[0].tolist() == [-1] * cfg.shape.num_tree_slots
     s.worlds[0] = world
     s.prefill(0, 7)  # reused by a new request
     again = d.propose(s.inputs())
@@ -199,7 +199,7 @@ def test_sampled_drafts_carry_the_distribution_each_node_was_drawn_from(tree, to
     s.prefill(0, 8)
     t = d.propose(s.inputs())
     assert_valid(t, cfg, [True, False])
-    N = cfg.num_tree_slots
+    N = cfg.shape.num_tree_slots
     probs = t.draft_probs  # [B, N, V]
     assert probs.shape == (2, N, V) and probs.dtype == torch.float32
     par = t.parents[0].tolist()
@@ -223,7 +223,7 @@ def test_prefill_and_propose_reject_inputs_of_the_wrong_shape():
     s = Slots(d, cfg, [World(20, seed=0)] * 3)
     s.prefill(0, 5)
     inp = s.inputs()
-    inp.hidden_path = torch.zeros(3, cfg.num_tree_slots, 3 * D)
+    inp.hidden_path = torch.zeros(3, cfg.shape.num_tree_slots, 3 * D)
     with pytest.raises(ValueError, match=r"StepState.hidden_path has width 192; the MTP head reads .* width 64"):
         d.propose(inp)
     assert d.reads == "last_hidden" and not d.runs_on_host
@@ -235,7 +235,7 @@ def _run(d, cfg, worlds, accepted):
         s.prefill(slot, L)
     t = d.propose(s.inputs())
     for a in accepted:
-        for slot in range(cfg.max_batch_size):
+        for slot in range(cfg.cache.max_batch_size):
             s.accept_path(slot, a)
         t = d.propose(s.inputs())
     return t

@@ -77,8 +77,8 @@ def _use_buckets(dec: SpecDecoder, max_len: int) -> list[list[tuple[int, int]]]:
     ran, config = [], dec.config
     for part in (dec.engine.runner, dec.strategies.drafter):
         if hasattr(part, "use_prefill_buckets"):
-            got = part.use_prefill_buckets(max_len, capture=False, max_rows=config.max_batch_size,
-                                           **({} if part is dec.engine.runner else {"max_tokens": config.prefill_chunk_size}))
+            got = part.use_prefill_buckets(max_len, capture=False, max_rows=config.cache.max_batch_size,
+                                           **({} if part is dec.engine.runner else {"max_tokens": config.schedule.prefill_chunk_size}))
             assert got == 0  # no graph on the CPU
             buckets, log = part.prefill_buckets, []
             buckets.run = lambda key, run=buckets.run, log=log: (log.append(key), run(key))[1]

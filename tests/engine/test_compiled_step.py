@@ -51,7 +51,7 @@ def decoder(request, name: str, **knobs) -> SpecDecoder:
 
 def run(dec: SpecDecoder, prompts=PROMPTS, lengths=LENGTHS, **params) -> list[list[int]]:
     out = []
-    B = dec.config.max_batch_size
+    B = dec.config.cache.max_batch_size
     for i in range(0, len(prompts), B):
         batch = [SamplingParams(max_new_tokens=n, ignore_eos=True, **params) for n in lengths[i : i + B]]
         out += [r.token_ids for r in dec.generate(prompts[i : i + B], batch)]

@@ -136,7 +136,7 @@ def make_engine(table, drafter, config, log=None, eos=(EOS,)):
                 return verify(*a, **k)
 
         strategies = dataclasses.replace(strategies, build_tree=logged_build, verifier=LoggedVerifier())
-    runner = BigramRunner(table, config.max_batch_size, eos)
+    runner = BigramRunner(table, config.cache.max_batch_size, eos)
     gen = torch.Generator().manual_seed(0)
     return SpecEngine(config, runner, strategies, generator=gen), runner
 

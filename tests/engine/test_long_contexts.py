@@ -88,7 +88,7 @@ def test_greedy_output_is_exact_across_every_multiple_of_128(boundary_cases, nam
     cfg, head = SETUPS[name]
     config = SpecConfig(**cfg, max_batch_size=1, max_seq_len=1100, kv_block_size=16)
     target = specdec.load_target(boundary_cases["root"] / "llama")
-    full = config.max_total_draft_tokens
+    full = config.shape.max_total_draft_tokens
     budgets = [None, 0, 1, full]  # the config's, none, the least, the whole tree (the limit)
     accepted = 0
     for i, (prompt, truth) in enumerate(zip(boundary_cases["prompts"], boundary_cases["truth"])):

@@ -225,7 +225,7 @@ def test_overlap_is_a_config_setting_checked_like_any_other():
     from specdec.entrypoints.cli import build_parser
     from specdec.config import ConfigError
 
-    assert SpecConfig().overlap is False and SpecConfig(overlap=True).overlap is True
+    assert SpecConfig().schedule.overlap is False and SpecConfig(overlap=True).schedule.overlap is True
     with pytest.raises(ConfigError, match=r"overlap must be True or False, got 1 \(int\)"):
         SpecConfig(overlap=1)
     flags = build_parser().parse_args(["generate", "--target", "t", "--overlap", "hi"])

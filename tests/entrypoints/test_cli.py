@@ -70,9 +70,8 @@ def test_help_shows_every_config_field_with_its_default_and_the_installed_strate
     code, out, _ = run(["generate", "--help"], capsys)
     assert code == 0
     text = " ".join(out.split())
-    for cls in (SpecConfig, SamplingParams):
-        for f in dataclasses.fields(cls):
-            assert "--" + f.name.replace("_", "-") in text, f.name
+    for name in [*SpecConfig().flat(), *(f.name for f in dataclasses.fields(SamplingParams))]:
+        assert "--" + name.replace("_", "-") in text, name  # a part's fields by their flat names
     assert "installed: eagle3, mtp, ngram, none" in text
     assert "target-only" in text and "(default: 128)" in text and "(default: 2048)" in text
     assert ">= 0; 0 = greedy" in text  # the field's own description

@@ -351,7 +351,7 @@ def test_a_third_party_policy_is_used_by_the_eagle3_drafter_unchanged(target, ta
     made = []
 
     def make(config, verifier):
-        made.append(CombPolicy(3, config.max_draft_len, samples=verifier.needs_draft_probs))
+        made.append(CombPolicy(3, config.shape.max_draft_len, samples=verifier.needs_draft_probs))
         return made[-1]
 
     manager = pm()

@@ -258,14 +258,14 @@ class ParentsRow(SampledPolicy):
 
 class Planted:
     POLICIES = {
-        "skips-last-call": lambda c: SkipsTheLastCall(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="skips-last-call"),
-        "shifted-token": lambda c: ShiftedToken(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="shifted-token"),
-        "duplicate-siblings": lambda c: DuplicateSiblings(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="duplicate-siblings"),
-        "noisy-ranking": lambda c: NoisyRanking(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="noisy-ranking"),
-        "k-worst": lambda c: KWorst(c.topk, c.max_draft_len, c.max_total_draft_tokens, name="k-worst"),
+        "skips-last-call": lambda c: SkipsTheLastCall(c.shape.topk, c.shape.max_draft_len, c.shape.max_total_draft_tokens, name="skips-last-call"),
+        "shifted-token": lambda c: ShiftedToken(c.shape.topk, c.shape.max_draft_len, c.shape.max_total_draft_tokens, name="shifted-token"),
+        "duplicate-siblings": lambda c: DuplicateSiblings(c.shape.topk, c.shape.max_draft_len, c.shape.max_total_draft_tokens, name="duplicate-siblings"),
+        "noisy-ranking": lambda c: NoisyRanking(c.shape.topk, c.shape.max_draft_len, c.shape.max_total_draft_tokens, name="noisy-ranking"),
+        "k-worst": lambda c: KWorst(c.shape.topk, c.shape.max_draft_len, c.shape.max_total_draft_tokens, name="k-worst"),
         "drops-a-path": lambda c: DropsAPath(static_tree(CHOICES, budget=len(CHOICES), max_depth=3, source="test"), name="drops-a-path"),
-        "parents-row": lambda c: ParentsRow(group_sizes(c.max_total_draft_tokens, c.max_draft_len, c.topk), name="parents-row"),
-        "sampled-copy": lambda c: SampledPolicy(group_sizes(c.max_total_draft_tokens, c.max_draft_len, c.topk), name="sampled-copy"),
+        "parents-row": lambda c: ParentsRow(group_sizes(c.shape.max_total_draft_tokens, c.shape.max_draft_len, c.shape.topk), name="parents-row"),
+        "sampled-copy": lambda c: SampledPolicy(group_sizes(c.shape.max_total_draft_tokens, c.shape.max_draft_len, c.shape.topk), name="sampled-copy"),
     }
 
     @hookimpl

@@ -66,14 +66,14 @@ class BinaryPolicy(FrontierPolicy):
 
 def binary_policy(config, samples: bool) -> BinaryPolicy:
     """The binary policy for `config`, validated: ConfigError names the bad value and the range."""
-    depth = plugin_options(config, "binary", {"depth"}).get("depth", config.max_draft_len)
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= config.max_draft_len:
-        raise ConfigError(f"plugin_options['binary']['depth']={depth!r} is not allowed; allowed: ints in [1, {config.max_draft_len}]")
+    depth = plugin_options(config, "binary", {"depth"}).get("depth", config.shape.max_draft_len)
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= config.shape.max_draft_len:
+        raise ConfigError(f"plugin_options['binary']['depth']={depth!r} is not allowed; allowed: ints in [1, {config.shape.max_draft_len}]")
     nodes = 2 ** (depth + 1) - 2
-    if config.max_total_draft_tokens < nodes:
+    if config.shape.max_total_draft_tokens < nodes:
         raise ConfigError(
             f"tree='binary' of depth {depth} has {nodes} nodes; max_total_draft_tokens="
-            f"{config.max_total_draft_tokens} is too small (allowed: >= {nodes})"
+            f"{config.shape.max_total_draft_tokens} is too small (allowed: >= {nodes})"
         )
     return BinaryPolicy(depth, samples=samples)
 

@@ -233,7 +233,7 @@ class HeadDrafter:
             )
         self.num_tree_slots = self.policy.num_nodes + 1  # N
         self.depth = self.policy.depth  # D
-        self.max_seq_len = config.max_seq_len
+        self.max_seq_len = config.cache.max_seq_len
         if target_ids is None and draft_vocab_size != vocab_size:
             raise ConfigError(
                 f"the {self.kind} predicts {draft_vocab_size} ids but the target has {vocab_size}: pass target_ids"
@@ -252,7 +252,7 @@ class HeadDrafter:
         widths = self.policy.widths  # F_t rows of forward t (t >= 1)
         self.row_offsets = tuple(sum(widths[1:t]) for t in range(self.depth))  # first row of forward t
         self.kv_lookahead = sum(widths[1:])  # draft rows stored past committed_len
-        B = config.max_batch_size
+        B = config.cache.max_batch_size
         self.batch_size = B
         # Standalone (no engine): a private cache; `attach` moves the KV onto the target's allocator.
         self.cache = PagedKVCache(
@@ -260,9 +260,9 @@ class HeadDrafter:
             num_kv_heads,
             head_dim,
             max_batch_size=B,
-            max_seq_len=config.max_seq_len,
-            block_size=config.kv_block_size,
-            num_blocks=B * config.blocks_per_seq,
+            max_seq_len=config.cache.max_seq_len,
+            block_size=config.cache.kv_block_size,
+            num_blocks=B * config.cache.blocks_per_seq,
             device=self.device,
             dtype=self.dtype,
         )

@@ -61,7 +61,7 @@ class NgramOptions:
         if moved:
             raise ConfigError(
                 f"plugin_options['ngram'] keys {moved} were removed: the tree's size and branching belong to the "
-                "tree policy (SpecConfig.max_total_draft_tokens, topk, tree)"
+                "tree policy (SpecConfig.shape: max_total_draft_tokens, topk; SpecConfig.tree)"
             )
         known = {"min_match", "max_match"}
         unknown = sorted(set(options) - known)
@@ -140,9 +140,9 @@ class NgramDrafter:
                 "distribution (use tree='linear', 'dynamic' or 'static', and a verifier that needs no draft probabilities)"
             )
         self.num_tree_slots = self.policy.num_nodes + 1  # N
-        self.batch_size = config.max_batch_size
+        self.batch_size = config.cache.max_batch_size
         self.device = torch.device(device)
-        self.slots: list[NgramIndex | None] = [None] * config.max_batch_size
+        self.slots: list[NgramIndex | None] = [None] * config.cache.max_batch_size
 
     def _check_slot(self, slot: int) -> None:
         check_slot(slot, self.batch_size)

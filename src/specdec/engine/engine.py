@@ -70,7 +70,7 @@ class _Inflight:
 
 
 class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
-    """Runs speculative decoding steps for up to `config.max_batch_size` concurrent requests.
+    """Runs speculative decoding steps for up to `config.cache.max_batch_size` concurrent requests.
 
     Args:
         config: capacities and the batch buckets.
@@ -111,7 +111,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         self.cuda_graphs = cuda_graphs
         self.compile_step = compile_step
         self._compiled_steps: dict[tuple[int, str], object] = {}  # (bucket, variant) -> whole-step graph
-        B = config.max_batch_size
+        B = config.cache.max_batch_size
         self.sizes = sizes = derive_sizes(config, strategies)  # N, lookahead, budgets: derived once (`pipeline`)
         N = self.num_slots_tree = sizes.num_tree_slots
         caps = strategies.drafter_caps
@@ -123,7 +123,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
                                         drafter=drafter_slot_state(strategies.drafter))
         self.device_step = DeviceStep(strategies, runner, self.state, compiled=compiled)
         # adaptive speculation: a plain step beside the speculative one, chosen per step by measured cost
-        self.adaptive = bool(config.adaptive) and N > 1
+        self.adaptive = bool(config.schedule.adaptive) and N > 1
         # a deferred plain step skips the drafter (its token joins the path the drafter ingests
         # next), as long as every path stays within the depth a head drafter ingests (D + 1 rows)
         depth = getattr(strategies.drafter, "depth", None)
@@ -146,7 +146,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         # reading step n's hand-off, so the host's work around a step runs while the device
         # computes the next. Opt-in; not with a host drafter (it drafts from step n's tokens).
         # Requests that finish at step n run once more in n + 1 (their rows are dropped).
-        self.overlap = config.overlap  # may be switched between steps (the step in flight is drained)
+        self.overlap = config.schedule.overlap  # may be switched between steps (the step in flight is drained)
         self._inflight: _Inflight | None = None  # the launched step whose hand-off is not read yet
         self._last_handoff = 0.0  # host time the last hand-off was read
         self.scheduler = Scheduler(B)  # the queue, the slots and who runs where
@@ -247,7 +247,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         reach = max([r.committed for r in self.running() if r.slot < b] + [0]) + self.lookahead
         if self._inflight is not None:  # the host's lengths lag the step in flight by up to N positions
             reach += self.lookahead
-        return min(-(-reach // KV_LEN_BUCKET) * KV_LEN_BUCKET, self.config.max_seq_len)
+        return min(-(-reach // KV_LEN_BUCKET) * KV_LEN_BUCKET, self.config.cache.max_seq_len)
 
     def _stage_host_drafts(self, b: int) -> None:
         active = [r is not None and r.status == RUNNING for r in self.slots[:b]]

@@ -63,7 +63,7 @@ class Graphs:
         # under no_grad, not inference mode: AOT autograd cannot functionalize in-place updates
         # traced under inference mode ("Cannot set version_counter for inference tensor")
         with torch.inference_mode(False), torch.no_grad():
-            fn(step, self.state.rows(b), self.config.max_seq_len)
+            fn(step, self.state.rows(b), self.config.cache.max_seq_len)
 
     def warmup(self, *, progress: bool = False) -> WarmupReport:
         """Run every batch bucket's step once (and a 1- and a 2-token prefill), so compiled
@@ -126,7 +126,7 @@ class Graphs:
             _drafter_prefill(drafter, 0, tokens, hidden, 0)
             drafter.reset_slot(0)
             self.runner.free(0)
-        if hasattr(self.runner, "prefill_many") and self.config.max_batch_size >= 2:  # a grouped prefill too
+        if hasattr(self.runner, "prefill_many") and self.config.cache.max_batch_size >= 2:  # a grouped prefill too
             for slot in (0, 1):
                 self.runner.reserve(slot, 2 + self.lookahead)
             chunks = [torch.zeros(n, dtype=torch.int64, device=self.device) for n in (2, 1)]
@@ -146,7 +146,7 @@ class Graphs:
                                                         capture=True, pool=torch.cuda.graph_pool_handle())
 
     def _capture(self, b: int, variant: str, pool) -> None:
-        kv_len = self.config.max_seq_len
+        kv_len = self.config.cache.max_seq_len
         self.graphs[(b, variant)], _ = capture_graph(lambda: self._run_step(b, variant, kv_len), self.device, pool)
         self.capture_count += 1
 

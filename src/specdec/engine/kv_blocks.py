@@ -1,5 +1,5 @@
 """KV blocks ahead of need: every running request's next steps are backed before a step is
-launched (`config.kv_lookahead_steps` steps ahead, one asynchronous copy of the block tables,
+launched (`config.schedule.kv_lookahead_steps` steps ahead, one asynchronous copy of the block tables,
 never inside the device step). A pool that runs short is not a failure: the youngest running
 request is preempted (its KV dropped, recomputed when it is admitted again), and every request
 still ends with exactly its solo output.
@@ -25,7 +25,7 @@ class KVBlocks:
         lower bound, since a slot keeps its blocks until its request leaves) skips the
         allocator for them (batch 64, nothing to grow: 14 us a step against 34 asking it for
         every request, 2-core CPU)."""
-        ahead = self.lookahead * (1 + self.config.kv_lookahead_steps)
+        ahead = self.lookahead * (1 + self.config.schedule.kv_lookahead_steps)
         reach = self.lookahead * (2 if self._inflight is not None else 1)  # a step in flight advances up to N
         needs = ((r, min(r.committed + reach, r.max_positions)) for r in self.running())
         short = [(r, need) for r, need in needs if self._backed[r.slot] < need]
@@ -65,7 +65,7 @@ class KVBlocks:
         """Back `request`'s prompt and its first steps in `slot` (admission); False, with nothing
         held, when the pool cannot back even the prompt and one step now."""
         L = len(request.prefill_tokens)
-        ahead = self.lookahead * (1 + self.config.kv_lookahead_steps)
+        ahead = self.lookahead * (1 + self.config.schedule.kv_lookahead_steps)
         try:
             self.runner.reserve(slot, min(L + ahead, request.max_positions))
         except KVCacheError:

@@ -25,7 +25,7 @@ class Lifecycle:
         """Raise `ConfigError` if `prompt` / `params` cannot run (`validation.check_request`, plus
         the KV pool and draft-budget rules of this engine); touches no state."""
         check_request(
-            prompt, params, vocab_size=self.runner.info.vocab_size, max_seq_len=self.config.max_seq_len,
+            prompt, params, vocab_size=self.runner.info.vocab_size, max_seq_len=self.config.cache.max_seq_len,
             max_positions=self.model_context, lookahead=self.lookahead,
             greedy_only=self.strategies.verifier_caps.greedy_only, index=index,
         )
@@ -69,7 +69,7 @@ class Lifecycle:
         """Submit and admit now: prefill `prompt` into the lowest free slot and sample its first token."""
         self.check_request(prompt, params)
         if not self.free_slots():
-            raise ConfigError(f"all {self.config.max_batch_size} request slots are busy (max_batch_size)")
+            raise ConfigError(f"all {self.config.cache.max_batch_size} request slots are busy (max_batch_size)")
         request = self.submit(prompt, params)
         self.scheduler.dequeue(request)
         self.scheduler.enqueue(request, front=True)

@@ -1,6 +1,6 @@
 """Chunked, grouped prefill of the target and the drafter, and each request's first token.
 
-`config.prefill_chunk_size` padded prompt tokens per forward: the next chunks of several
+`config.schedule.prefill_chunk_size` padded prompt tokens per forward: the next chunks of several
 prefilling requests share one target forward (a GPU prefill costs mostly launches; the group
 rule is the scheduler's), a long prompt takes one chunk of it, then the drafter's chunks and,
 for a last chunk, the first tokens (drawn together, one host sync). With graphs on, a prefill
@@ -57,7 +57,7 @@ class Prefill:
 
     def _prefill_group(self, prefilling: list[RequestState]) -> list[RequestState]:
         """The requests whose next chunks share the next forward (`Scheduler.prefill_group`)."""
-        return self.scheduler.prefill_group(prefilling, self.config.prefill_chunk_size,
+        return self.scheduler.prefill_group(prefilling, self.config.schedule.prefill_chunk_size,
                                             grouped=hasattr(self.runner, "prefill_many"),
                                             buckets=getattr(self.runner, "prefill_buckets", None))
 
@@ -72,7 +72,7 @@ class Prefill:
         request's drafter chunk and, for a last chunk, its first token (drawn together, one
         host sync). A failing forward is retried request by request, so only a request that
         fails alone fails."""
-        size = self.config.prefill_chunk_size
+        size = self.config.schedule.prefill_chunk_size
         seqs = list(to_device([t for r in group for t in r.prefill_tokens], self.device).split(
             [len(r.prefill_tokens) for r in group]))  # one copy for the group's prompts
         starts = [r.prefilled for r in group]
@@ -128,7 +128,7 @@ class Prefill:
         slot = request.slot
         seq = to_device(request.prefill_tokens, self.device)
         L, start = seq.shape[0], request.prefilled
-        end = min(start + self.config.prefill_chunk_size, L)
+        end = min(start + self.config.schedule.prefill_chunk_size, L)
         logits, hidden = self.runner.prefill(slot, seq[start:end], start)  # [V], [T, w]
         first = self._first_tokens([request], logits[None], [L])[0] if end == L and not request.token_ids else None
         self._finish_chunk(request, seq, start, end, hidden, first)
@@ -193,16 +193,16 @@ def use_prefill_buckets(runner, drafter, config: SpecConfig, *, capture: bool, p
     `use_prefill_buckets` and none yet): chunks of up to min(prefill_chunk_size, max_seq_len)
     tokens, groups of up to max_batch_size when the runner groups prefills (`prefill_many`),
     rows x length within prefill_chunk_size. Returns the graphs captured."""
-    max_len = min(config.prefill_chunk_size, config.max_seq_len)
+    max_len = min(config.schedule.prefill_chunk_size, config.cache.max_seq_len)
     grouped = hasattr(runner, "prefill_many")
-    rows = config.max_batch_size if grouped else 1
+    rows = config.cache.max_batch_size if grouped else 1
     captured = 0
     if hasattr(runner, "use_prefill_buckets") and runner.prefill_buckets is None:
         captured += runner.use_prefill_buckets(max_len, capture=capture, pool=pool, max_rows=rows)
     if hasattr(drafter, "use_prefill_buckets") and drafter.prefill_buckets is None:
         rows = rows if hasattr(drafter, "prefill_many") else 1
         captured += drafter.use_prefill_buckets(max_len, capture=capture, pool=pool, max_rows=rows,
-                                                max_tokens=config.prefill_chunk_size)
+                                                max_tokens=config.schedule.prefill_chunk_size)
     return captured
 
 

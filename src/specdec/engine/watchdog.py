@@ -32,8 +32,8 @@ class ProgressWatchdog:
     """`check(slots, waiting)` once per engine iteration -> [(request, why)] to fail now."""
 
     def __init__(self, config: SpecConfig) -> None:
-        chunks = math.ceil(config.max_seq_len / config.prefill_chunk_size)
-        self.limits = {RUNNING: RUNNING_LIMIT, PREFILLING: config.max_batch_size * chunks + 3}
+        chunks = math.ceil(config.cache.max_seq_len / config.schedule.prefill_chunk_size)
+        self.limits = {RUNNING: RUNNING_LIMIT, PREFILLING: config.cache.max_batch_size * chunks + 3}
         self.iteration = 0
         self._marks: dict[int, tuple[tuple, int]] = {}  # request id -> (its state, iteration it last changed)
         self._idle_head: tuple[int, int] | None = None  # (queue head's id, iteration it was first seen idle)

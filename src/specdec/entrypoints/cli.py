@@ -332,7 +332,7 @@ def load_decoder(args, config):
     if args.device == "cpu":  # before loading: the conversion and the load run on these threads too
         from ..cpu_threads import apply_threads
 
-        _note(f"{apply_threads(config.threads)} CPU thread(s) (--threads {config.threads})")
+        _note(f"{apply_threads(config.execution.threads)} CPU thread(s) (--threads {config.execution.threads})")
     _note(f"loading {args.target} on {args.device} ({args.dtype}) ...")
     dec = SpecDecoder.from_pretrained(str(args.target_path), None if args.draft_path is None else str(args.draft_path),
                                       config, device=args.device, dtype=args.dtype, tp_size=getattr(args, "tp", 1))
@@ -574,7 +574,7 @@ def _serve(args) -> int:
     gc.freeze()
     name = args.model_name or Path(str(args.target)).name.removesuffix(".gguf")
     _log_to_stderr(args.log_level)
-    _note(f"serving {name} on http://{args.host}:{args.port}/v1 (max_batch_size={config.max_batch_size}; "
+    _note(f"serving {name} on http://{args.host}:{args.port}/v1 (max_batch_size={config.cache.max_batch_size}; "
           f"try: curl http://{args.host}:{args.port}/v1/models)")
     # the access log is specdec's own (with tokens and acceptance); uvicorn's is off
     uvicorn.run(build_app(dec, model_name=name), host=args.host, port=args.port, log_level=args.log_level,

@@ -6,6 +6,10 @@ comment as help text, and turning parsed flags back into the dataclass (its own
 `__post_init__` then validates the values). A field added to a config later becomes a flag
 with no change here. Knows nothing of models or strategies.
 
+A field whose metadata says `part` (a `SpecConfig` part such as `CacheConfig`) is not a flag
+itself: its own fields are, under their flat names, and `dataclass_from_flags` passes them
+flat (the config routes each name to its part).
+
 Value syntax by annotation: ints and floats as usual; `int | None` also takes "none";
 booleans are `--flag` / `--no-flag`; `bool | str` ("auto" knobs) takes auto/true/false;
 tuples of ints are comma lists ("1,4,7"); dicts are JSON ('{"eagle3": {"seed": 1}}').
@@ -120,6 +124,17 @@ _PARSERS = {
 }
 
 
+def _leaf_fields(cls) -> list[tuple[type, dataclasses.Field]]:
+    """(owner class, field) for every flag of `cls`: its fields, a part's fields in its place."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("part"):
+            out += _leaf_fields(type(f.default_factory()))
+        else:
+            out.append((cls, f))
+    return out
+
+
 def _default(f: dataclasses.Field):
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -147,15 +162,17 @@ def add_dataclass_flags(
         extra_help: text appended to a field's description (e.g. the installed strategy names).
         shown: how a default is shown in the help when its value says too little (None, say).
     """
-    comments = field_comments(cls)
+    comments = {}
     defaults = defaults or {}
     extra_help = extra_help or {}
     shown_as = shown or {}
-    for f in dataclasses.fields(cls):
+    for owner, f in _leaf_fields(cls):
         if f.name in skip:
             continue
+        if owner not in comments:
+            comments[owner] = field_comments(owner)
         default = defaults.get(f.name, _default(f))
-        text = comments.get(f.name, f.name.replace("_", " "))
+        text = comments[owner].get(f.name, f.name.replace("_", " "))
         if f.name in extra_help:
             text = f"{text}; {extra_help[f.name]}"
         text = text.replace("%", "%%")
@@ -188,9 +205,10 @@ def _literal(text: str):
 
 
 def dataclass_from_flags(cls, args: argparse.Namespace, *, prefix: str, **overrides):
-    """`cls(**fields)` from the parsed flags (`overrides` win); the dataclass validates them."""
+    """`cls(**fields)` from the parsed flags, parts' fields by their flat names (`overrides` win);
+    the dataclass validates them."""
     kw = {}
-    for f in dataclasses.fields(cls):
+    for _, f in _leaf_fields(cls):
         dest = prefix + f.name
         if hasattr(args, dest):
             kw[f.name] = getattr(args, dest)

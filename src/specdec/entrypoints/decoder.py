@@ -129,11 +129,11 @@ class SpecDecoder:
         self.strategies = self.pipeline.strategies
         device = next(target.model.parameters()).device
         if device.type == "cpu":
-            apply_threads(config.threads)  # the cores other work leaves idle (`cpu_threads`)
+            apply_threads(config.execution.threads)  # the cores other work leaves idle (`cpu_threads`)
         caps = self.strategies.drafter_caps
-        self.compiled = _knob("compile", config.compile, device)  # "step" compiles the pieces too
-        self.compile_step = config.compile == "step"  # and the whole step, one graph per bucket
-        self.cuda_graphs = _knob("cuda_graphs", config.cuda_graphs, device)
+        self.compiled = _knob("compile", config.execution.compile, device)  # "step" compiles the pieces too
+        self.compile_step = config.execution.compile == "step"  # and the whole step, one graph per bucket
+        self.cuda_graphs = _knob("cuda_graphs", config.execution.cuda_graphs, device)
         runner = ModelRunner(
             target,
             config,
@@ -331,7 +331,7 @@ class SpecDecoder:
         """
         encoded, params = self._prepare(prompts, sampling)
         requests = self._submit(encoded, params)
-        show = len(requests) > self.config.max_batch_size if progress is None else progress
+        show = len(requests) > self.config.cache.max_batch_size if progress is None else progress
         start = time.perf_counter()
         try:
             with _progress_bar(len(requests), show) as bar:

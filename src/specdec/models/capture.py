@@ -27,21 +27,21 @@ def capture_max_tokens(config: SpecConfig, max_num_tokens: int | None = None, nu
     `max_num_tokens` (tokens per forward, e.g. a chunked-prefill budget) defaults to no cap;
     `num_tree_slots` (N, the drafter's) defaults to the config's bound.
     """
-    b = config.max_batch_size
-    base = b * config.max_seq_len
+    b = config.cache.max_batch_size
+    base = b * config.cache.max_seq_len
     if max_num_tokens is not None:
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens} must be >= 1 (or None for no cap)")
         base = min(max_num_tokens, base)
-    return base + (config.num_tree_slots if num_tree_slots is None else num_tree_slots) * b
+    return base + (config.shape.num_tree_slots if num_tree_slots is None else num_tree_slots) * b
 
 
 def capture_rows(config: SpecConfig, num_tree_slots: int) -> int:
     """Rows of a target runner's buffer: the most tokens one forward captures (a prefill
     chunk, or every slot's tree of N = `num_tree_slots`), plus N * B; the one place this size
     is derived (`specdec.pipeline.Sizes.capture_rows` reads it)."""
-    b = config.max_batch_size
-    return capture_max_tokens(config, max(config.prefill_chunk_size, b * num_tree_slots), num_tree_slots)
+    b = config.cache.max_batch_size
+    return capture_max_tokens(config, max(config.schedule.prefill_chunk_size, b * num_tree_slots), num_tree_slots)
 
 
 class CaptureBuffer:

@@ -40,4 +40,4 @@ class PagedRelocator:
 @hookimpl(trylast=True)
 def specdec_relocate_kv(config):
     """The paged relocator for any config (registered last, so a third party may override it)."""
-    return PagedRelocator(max_path=config.max_draft_len + 1)
+    return PagedRelocator(max_path=config.shape.max_draft_len + 1)

@@ -164,7 +164,7 @@ class TypicalVerifier:
 
 @strategy_hook(NAME)
 def specdec_verify(config: SpecConfig):
-    return TypicalVerifier(TypicalOptions.from_config(config), config.max_draft_len)
+    return TypicalVerifier(TypicalOptions.from_config(config), config.shape.max_draft_len)
 
 
 specdec_strategy_names = declared_names(specdec_verify)

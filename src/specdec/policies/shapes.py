@@ -164,49 +164,49 @@ class StaticPolicy(FrontierPolicy):
 
 # ------------------------------------------------------------------ from a SpecConfig
 def _no_topk(config: SpecConfig, name: str, why: str) -> None:
-    if config.topk is not None:
+    if config.shape.topk is not None:
         # An error, not a warning: a silently ignored knob hides a misconfigured benchmark.
         raise ConfigError(
-            f"topk={config.topk} does not apply to tree={name!r} ({why}); leave topk=None, or use a tree that "
+            f"topk={config.shape.topk} does not apply to tree={name!r} ({why}); leave topk=None, or use a tree that "
             "branches by topk ('dynamic', 'sampled')"
         )
 
 
 def _budget_range(config: SpecConfig, lo: int, hi: int) -> None:
-    total = config.max_total_draft_tokens
+    total = config.shape.max_total_draft_tokens
     if not lo <= total <= hi:
         raise ConfigError(f"max_total_draft_tokens={total} is out of range; allowed: [{lo}, {hi}]")
 
 
 def linear(config: SpecConfig, *, samples: bool, name: str = "linear") -> FrontierPolicy:
     _no_topk(config, name, "one chain of max_draft_len drafts")
-    D = config.max_draft_len
+    D = config.shape.max_draft_len
     _budget_range(config, D, D)
     return LinearPolicy(D, samples=samples, name=name)
 
 
 def dynamic(config: SpecConfig, *, samples: bool, name: str = "dynamic") -> FrontierPolicy:
-    if config.topk is None:
+    if config.shape.topk is None:
         raise ConfigError(f"tree={name!r} needs topk >= 1 (children per expanded node; --topk on the command "
                           "line), got None; EAGLE-2 uses topk=8")
-    D, K = config.max_draft_len, config.topk
+    D, K = config.shape.max_draft_len, config.shape.topk
     _budget_range(config, D, D * K)
     if samples:  # exactness needs whole i.i.d. groups, not EAGLE-2's value-based pruning
-        return SampledPolicy(group_sizes(config.max_total_draft_tokens, D, K), name=name)
-    return DynamicPolicy(K, D, config.max_total_draft_tokens, name=name)
+        return SampledPolicy(group_sizes(config.shape.max_total_draft_tokens, D, K), name=name)
+    return DynamicPolicy(K, D, config.shape.max_total_draft_tokens, name=name)
 
 
 def sampled(config: SpecConfig, *, samples: bool = True, name: str = "sampled") -> FrontierPolicy:
-    D, K = config.max_draft_len, config.topk or 1
+    D, K = config.shape.max_draft_len, config.shape.topk or 1
     _budget_range(config, D, D * K)
-    return SampledPolicy(group_sizes(config.max_total_draft_tokens, D, K), name=name)
+    return SampledPolicy(group_sizes(config.shape.max_total_draft_tokens, D, K), name=name)
 
 
 def static(config: SpecConfig, *, samples: bool, choices=None, name: str = "static", source: str | None = None) -> FrontierPolicy:
     """`choices` None = the EAGLE-1 default tree cut to the config's budget and depth."""
     _no_topk(config, name, "a static tree takes its widths from its paths")
     tree = static_tree(
-        choices, budget=config.max_total_draft_tokens, max_depth=config.max_draft_len,
+        choices, budget=config.shape.max_total_draft_tokens, max_depth=config.shape.max_draft_len,
         source=source or f"plugin_options[{name!r}]['choices']",
     )
     return StaticPolicy(tree, samples=samples, name=name)

@@ -138,13 +138,13 @@ class ModelRunner:
         (SmolLM2, batch 1: 47.6 ms against 7.5 replayed); chunks that continue a long prompt,
         and groups without a bucket, stay eager.
         """
-        cap = min(self.config.max_seq_len, self.config.prefill_chunk_size)  # the capture buffer holds a chunk
+        cap = min(self.config.cache.max_seq_len, self.config.schedule.prefill_chunk_size)  # the capture buffer holds a chunk
         if not 1 <= max_len <= cap:
             raise ValueError(f"max_len={max_len} is out of range; allowed: [1, {cap}] (max_seq_len "
-                             f"{self.config.max_seq_len}, prefill_chunk_size {self.config.prefill_chunk_size})")
-        if not 1 <= max_rows <= self.config.max_batch_size:
-            raise ValueError(f"max_rows={max_rows} is out of range; allowed: [1, max_batch_size={self.config.max_batch_size}]")
-        budget = self.config.prefill_chunk_size
+                             f"{self.config.cache.max_seq_len}, prefill_chunk_size {self.config.schedule.prefill_chunk_size})")
+        if not 1 <= max_rows <= self.config.cache.max_batch_size:
+            raise ValueError(f"max_rows={max_rows} is out of range; allowed: [1, max_batch_size={self.config.cache.max_batch_size}]")
+        budget = self.config.schedule.prefill_chunk_size
         self._chunks = PaddedChunks(max_rows, budget, self.device)
         keys = bucket_grid(max_rows, max_len, budget)
         self.prefill_buckets = BucketGraphs(self._bucket_forward, keys)

@@ -128,7 +128,7 @@ def evaluate_head(
     rows, reference = [], None
     for key in setups:
         name, base = TARGET_ONLY if key == "target" else DRAFTER_SETUPS[drafter][key]
-        n_slots = base.num_tree_slots if key != "target" else 1
+        n_slots = base.shape.num_tree_slots if key != "target" else 1
         max_seq_len = -(-(longest + max_new_tokens + n_slots + 1) // 16) * 16
         config = base.replace(max_batch_size=min(batch_size, len(ids)), max_seq_len=max_seq_len, kv_block_size=16)
         if key != "target" and plugin_options:
@@ -138,8 +138,8 @@ def evaluate_head(
         if warmup:  # Triton compilation and allocator warm-up stay out of the timing
             dec.generate([ids[0]], dataclasses.replace(sampling, max_new_tokens=min(8, max_new_tokens)))
         outputs, steps, seconds = [], [], 0.0
-        for start in range(0, len(ids), config.max_batch_size):
-            chunk = ids[start : start + config.max_batch_size]
+        for start in range(0, len(ids), config.cache.max_batch_size):
+            chunk = ids[start : start + config.cache.max_batch_size]
             _sync(device)
             t0 = time.perf_counter()
             results = dec.generate(chunk, sampling)
@@ -168,7 +168,7 @@ def evaluate_head(
             "seconds": seconds,
             "tokens_per_s": sum(len(o) for o in outputs) / seconds if seconds else float("nan"),
             "same_as_target": None,
-            "batch_size": config.max_batch_size,
+            "batch_size": config.cache.max_batch_size,
             "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
         }
         if key == "target":
