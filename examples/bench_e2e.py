@@ -8,7 +8,9 @@ prompts per call), side by side in one run:
 - specdec: target-only (`drafter="none"`), eagle3 chain D=5, eagle3 dynamic tree D=6 K=8
   N=48, mtp chain D=5, ngram chain D=8 (the shipped SmolLM2 heads). Each decoder is built
   once (max_batch_size = the largest batch size; smaller batches run in its smaller
-  buckets), `warmup()`ed (its seconds are reported), then timed;
+  buckets), `warmup()`ed (its seconds are reported), then timed; with `--baseline-eagle3
+  FOLDER`, the eagle3 chain and tree again with that head (e.g. the head a retraining
+  replaced: `git show OLD:src/specdec/assets/heads/smollm2-eagle3/...`), old and new side by side;
 - transformers `generate`: eager; static cache + `torch.compile` (the documented recipe,
   warmed up before timing); prompt lookup (`prompt_lookup_num_tokens=10`, batch 1 only:
   transformers' assisted generation refuses larger batches).
@@ -99,13 +101,22 @@ SPEC_SETUPS = {
         SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
         "eagle3",
     ),
+    # the same two setups with the --baseline-eagle3 head (e.g. the one a retrained head replaced)
+    "eagle3-chain-baseline": SpecSetup("specdec eagle3 chain D=5, baseline head",
+                                       SpecConfig(drafter="eagle3", max_draft_len=5), "eagle3-baseline"),
+    "eagle3-tree-baseline": SpecSetup(
+        "specdec eagle3 tree D=6 K=8 N=48, baseline head",
+        SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
+        "eagle3-baseline",
+    ),
     "mtp-chain": SpecSetup("specdec mtp chain D=5", SpecConfig(drafter="mtp", max_draft_len=5), "mtp"),
     "ngram-chain": SpecSetup("specdec ngram chain D=8", SpecConfig(drafter="ngram", max_draft_len=8), None),
 }
 HF_SETUPS = ("hf-eager", "hf-compiled", "hf-prompt-lookup")
 # Run order: the two baselines every speedup is measured against come first, so a run cut at
 # its time limit has them; the table lists specdec rows, then transformers rows.
-RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "mtp-chain", "ngram-chain",
+RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "eagle3-chain-baseline",
+             "eagle3-tree-baseline", "mtp-chain", "ngram-chain",
              "hf-eager", "hf-prompt-lookup")
 TABLE_ORDER = tuple(SPEC_SETUPS) + HF_SETUPS
 PROMPT_LOOKUP_TOKENS = 10
@@ -114,7 +125,8 @@ PROMPT_LOOKUP_TOKENS = 10
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="CPU, tiny random Llama + random heads, 3 prompts, 16 tokens")
-    p.add_argument("--setups", nargs="+", choices=RUN_ORDER, default=list(RUN_ORDER))
+    p.add_argument("--setups", nargs="+", choices=RUN_ORDER, default=None,
+                   help="default: all (the eagle3-*-baseline ones only with --baseline-eagle3)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default: 1 8 (quick: 1 2)")
     p.add_argument("--num-prompts", type=int, default=None,
                    help="first n held-out prompts (default 20), or of --prompts FILE (default: all)")
@@ -132,8 +144,22 @@ def parse_args():
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
     p.add_argument("--hf-compile", choices=["auto", "on", "off"], default="auto",
                    help="torch.compile in hf-compiled: auto = on except --quick on CPU")
+    p.add_argument("--baseline-eagle3", default=None, metavar="FOLDER",
+                   help="another EAGLE-3 head for SmolLM2 (e.g. the shipped one before a retraining): its chain and "
+                        "tree rows run beside the shipped head's (setups eagle3-*-baseline, on by default with it)")
     p.add_argument("--out", default=None, help="also write every row as a JSON line to this file")
-    return p.parse_args()
+    args = p.parse_args()
+    baseline = ("eagle3-chain-baseline", "eagle3-tree-baseline")
+    if args.setups is None:
+        args.setups = [k for k in RUN_ORDER if k not in baseline or args.baseline_eagle3 is not None]
+    if args.baseline_eagle3 is None:
+        if set(baseline) & set(args.setups):
+            p.error(f"setups {sorted(set(baseline) & set(args.setups))} need --baseline-eagle3 FOLDER")
+    elif args.quick:
+        p.error("--baseline-eagle3 is for the SmolLM2 run; --quick builds random heads")
+    elif not (Path(args.baseline_eagle3) / "config.json").is_file():
+        p.error(f"--baseline-eagle3 {args.baseline_eagle3}: no config.json there (an EAGLE-3 head folder)")
+    return args
 
 
 def knob(value: str):
@@ -451,6 +477,8 @@ def main() -> None:
 
     tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
     target_path, heads = tiny_assets(Path(tmp.name)) if quick else smollm2_assets()
+    if args.baseline_eagle3 is not None:
+        heads["eagle3-baseline"] = Path(args.baseline_eagle3)
     t0 = time.perf_counter()
     target = load_target(target_path, device=device, dtype=dtype)
     if file_prompts:
