@@ -166,6 +166,21 @@ PARTS: dict[str, type] = {"shape": TreeShape, "cache": CacheConfig, "schedule": 
 PART_OF: dict[str, str] = {f.name: part for part, cls in PARTS.items() for f in dataclasses.fields(cls)}
 
 
+def _by_part(settings: dict, whole: dict) -> dict[str, dict]:
+    """Flat `settings` grouped by the part that owns each name. An unknown name, or a part that
+    `whole` (part name -> a part given whole, or None) also sets, is a `ConfigError`."""
+    out: dict[str, dict] = {p: {} for p in PARTS}
+    for name, value in settings.items():
+        if name not in PART_OF:
+            allowed = sorted([f.name for f in dataclasses.fields(SpecConfig)] + list(PART_OF))
+            raise ConfigError(f"SpecConfig has no setting {name!r}; allowed: {allowed}")
+        out[PART_OF[name]][name] = value
+    for part, names in out.items():
+        if names and whole.get(part) is not None:
+            raise ConfigError(f"{part}= and {sorted(names)} both set the {part} part; pass one or the other")
+    return out
+
+
 @dataclass(frozen=True, init=False)
 class SpecConfig:
     """What to compose (strategy names) and the engine's fixed capacities, in parts.
@@ -181,28 +196,21 @@ class SpecConfig:
     verifier: str = "greedy"  # acceptance rule, e.g. "greedy", "target-only", "speculative"
     layers_to_capture: tuple[int, ...] | None = None  # target layer *outputs*; None = drafter default
     plugin_options: dict = field(default_factory=dict)  # free-form, keyed by plugin name
-    shape: TreeShape = field(default_factory=TreeShape, metadata={"part": True})
-    cache: CacheConfig = field(default_factory=CacheConfig, metadata={"part": True})
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig, metadata={"part": True})
-    execution: ExecutionConfig = field(default_factory=ExecutionConfig, metadata={"part": True})
+    shape: TreeShape = field(default_factory=TreeShape, metadata={"part": TreeShape})
+    cache: CacheConfig = field(default_factory=CacheConfig, metadata={"part": CacheConfig})
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig, metadata={"part": ScheduleConfig})
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig, metadata={"part": ExecutionConfig})
 
     def __init__(self, *, drafter: str = "none", tree: str = "linear", verifier: str = "greedy",
                  layers_to_capture: tuple[int, ...] | None = None, plugin_options: dict | None = None,
                  shape: TreeShape | None = None, cache: CacheConfig | None = None,
                  schedule: ScheduleConfig | None = None, execution: ExecutionConfig | None = None, **flat) -> None:
         given = {"shape": shape, "cache": cache, "schedule": schedule, "execution": execution}
-        per_part: dict[str, dict] = {p: {} for p in PARTS}
-        for name, value in flat.items():
-            if name not in PART_OF:
-                allowed = sorted([f.name for f in dataclasses.fields(SpecConfig)] + list(PART_OF))
-                raise ConfigError(f"SpecConfig has no setting {name!r}; allowed: {allowed}")
-            per_part[PART_OF[name]][name] = value
+        per_part = _by_part(flat, given)
         for part, cls in PARTS.items():
-            value, names = given[part], per_part[part]
-            if value is not None and names:
-                raise ConfigError(f"{part}= and {sorted(names)} both set the {part} part; pass one or the other")
+            value = given[part]
             if value is None:
-                value = cls(**names)
+                value = cls(**per_part[part])
             elif not isinstance(value, cls):
                 raise ConfigError(f"{part} must be a {cls.__name__}, got {value!r} ({type(value).__name__})")
             object.__setattr__(self, part, value)
@@ -270,20 +278,16 @@ class SpecConfig:
         `max_total_draft_tokens` (left None) is derived again from the new depth and width; one
         the user chose is kept (and checked against the new shape by the tree policy), never
         silently reset; no other setting changes unless named."""
-        top = {k: v for k, v in changes.items() if k not in PART_OF}
-        unknown = sorted(set(top) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            allowed = sorted([f.name for f in dataclasses.fields(SpecConfig)] + list(PART_OF))
-            raise ConfigError(f"SpecConfig has no setting {unknown[0]!r}; allowed: {allowed}")
-        for part in PARTS:
-            names = {k: v for k, v in changes.items() if PART_OF.get(k) == part}
-            if names and part in top:
-                raise ConfigError(f"{part}= and {sorted(names)} both set the {part} part; pass one or the other")
+        fields = {f.name for f in dataclasses.fields(self)}
+        kw = {name: changes.get(name, getattr(self, name)) for name in fields}
+        per_part = _by_part({k: v for k, v in changes.items() if k not in fields}, changes)
+        for part, names in per_part.items():
             if names:
                 current = getattr(self, part)
-                top[part] = current.replace(**names) if part == "shape" else dataclasses.replace(current, **names)
-        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        kw.update(top)
+                if isinstance(current, TreeShape):  # a derived size is derived again from the new D and K
+                    kw[part] = current.replace(**names)
+                else:
+                    kw[part] = dataclasses.replace(current, **names)
         return SpecConfig(**kw)
 
 

@@ -6,7 +6,7 @@ comment as help text, and turning parsed flags back into the dataclass (its own
 `__post_init__` then validates the values). A field added to a config later becomes a flag
 with no change here. Knows nothing of models or strategies.
 
-A field whose metadata says `part` (a `SpecConfig` part such as `CacheConfig`) is not a flag
+A field whose metadata names a `part` class (a `SpecConfig` part such as `CacheConfig`) is not a flag
 itself: its own fields are, under their flat names, and `dataclass_from_flags` passes them
 flat (the config routes each name to its part).
 
@@ -129,7 +129,7 @@ def _leaf_fields(cls) -> list[tuple[type, dataclasses.Field]]:
     out = []
     for f in dataclasses.fields(cls):
         if f.metadata.get("part"):
-            out += _leaf_fields(type(f.default_factory()))
+            out += _leaf_fields(f.metadata["part"])
         else:
             out.append((cls, f))
     return out
