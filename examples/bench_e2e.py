@@ -101,24 +101,20 @@ SPEC_SETUPS = {
         SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
         "eagle3",
     ),
-    # the same two setups with the --baseline-eagle3 head (e.g. the one a retrained head replaced)
-    "eagle3-chain-baseline": SpecSetup("specdec eagle3 chain D=5, baseline head",
-                                       SpecConfig(drafter="eagle3", max_draft_len=5), "eagle3-baseline"),
-    "eagle3-tree-baseline": SpecSetup(
-        "specdec eagle3 tree D=6 K=8 N=48, baseline head",
-        SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
-        "eagle3-baseline",
-    ),
     "mtp-chain": SpecSetup("specdec mtp chain D=5", SpecConfig(drafter="mtp", max_draft_len=5), "mtp"),
     "ngram-chain": SpecSetup("specdec ngram chain D=8", SpecConfig(drafter="ngram", max_draft_len=8), None),
 }
+# the eagle3 chain and tree again with the --baseline-eagle3 head (e.g. the one a retrained head replaced)
+for _key in ("eagle3-chain", "eagle3-tree"):
+    _setup = SPEC_SETUPS[_key]
+    SPEC_SETUPS[f"{_key}-baseline"] = SpecSetup(f"{_setup.name}, baseline head", _setup.config, "eagle3-baseline")
 HF_SETUPS = ("hf-eager", "hf-compiled", "hf-prompt-lookup")
 # Run order: the two baselines every speedup is measured against come first, so a run cut at
 # its time limit has them; the table lists specdec rows, then transformers rows.
 RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "eagle3-chain-baseline",
              "eagle3-tree-baseline", "mtp-chain", "ngram-chain",
              "hf-eager", "hf-prompt-lookup")
-TABLE_ORDER = tuple(SPEC_SETUPS) + HF_SETUPS
+TABLE_ORDER = tuple(k for k in RUN_ORDER if k in SPEC_SETUPS) + HF_SETUPS
 PROMPT_LOOKUP_TOKENS = 10
 
 
