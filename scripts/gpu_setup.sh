@@ -2,10 +2,10 @@
 # install carried wheels, and assemble the SmolLM2 GGUF from carried parts once all are there.
 #   .carry/wheels/*.whl   extra wheels (gguf)
 #   .carry/wheels/gguf.size   the GGUF's size in bytes (the parts are complete when they sum to it)
-#   .carry/<x>/partNN     GGUF parts, one folder per call: a call carries at most 64 MiB, the
-#                         tree is ~30 MB, so the 98 MB GGUF travels in three parts (four if the
-#                         tree grows) in back-to-back calls (warm 30 s). `bash scripts/make_carry.sh`
-#                         builds all of .carry/ on a fresh checkout and prints each call's carry list.
+#   .carry/<x>/partNN     GGUF parts, one folder per call: a call carries at most 64 MiB with the
+#                         tree (42 MiB with the 29 MB EAGLE-3 head), so the 98 MB GGUF travels in
+#                         parts (five now) in back-to-back calls (warm 30 s). `bash scripts/make_carry.sh`
+#                         sizes them from the tree, builds all of .carry/ and prints each call's carry list.
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONUNBUFFERED=1

