@@ -22,7 +22,6 @@ so the decoder refuses those with `tp_size > 1`.
 
 from __future__ import annotations
 
-import atexit
 import os
 from dataclasses import dataclass
 
@@ -122,22 +121,6 @@ def check_spmd(config, tp_size: int) -> None:
         )
 
 
-def _close_process_group() -> None:
-    """At exit, once every rank is done, destroy the process group `tensor_parallel_group` made.
-
-    Without it a rank with nothing left to do exits while another still prints its results,
-    and gloo's connection threads die under the process (`terminate called without an active
-    exception`, SIGABRT: a CI run of the torchrun test saw it once); NCCL likewise wants its
-    communicators destroyed before exit."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        try:
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
-
-
 def _set_nvls_off() -> None:
     value = os.environ.get(NVLS_ENV)
     if value not in (None, "0"):
@@ -183,7 +166,6 @@ def tensor_parallel_group(tp_size: int, device: torch.device) -> tuple[TPGroup, 
             dist.init_process_group("nccl", device_id=device)
         else:
             dist.init_process_group("gloo")
-        atexit.register(_close_process_group)  # made here, so closed here
     world, rank = dist.get_world_size(), dist.get_rank()
     if tp_size > world:
         raise ConfigError(f"tp_size={tp_size} is larger than the job's world size {world}; allowed: 1 .. {world}")
