@@ -54,6 +54,7 @@ from specdec.runtime.kv_cache import PagedKVCache
 from specdec.step_state import StepState
 from specdec.types import DraftTree
 
+from specdec.ops.top_logprobs import top_logprobs
 from specdec.policies.candidates import clean_logq
 from specdec.policies.shapes import builtin
 from specdec.types import Candidates, Frontier
@@ -61,18 +62,10 @@ from specdec.types import Candidates, Frontier
 __all__ = ["HeadDrafter"]
 
 
-def _top(logq: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, log-probabilities) [B, F, k] of the k best children (`top_candidates`' math)."""
-    lp, tok = clean_logq(logq.float()).topk(k, dim=-1)
-    return tok, lp
-
-
-
-
 def _best_children(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, log-probabilities) [B, F, k] of the k best children, from raw draft logits
-    [B, F, Vd] (the log-softmax and the top-k in one compiled piece)."""
-    return _top(torch.log_softmax(logits, dim=-1), k)
+    [B, F, Vd] (`ops.top_logprobs`: chunked top-k and log-sum-exp, no full log-softmax)."""
+    return top_logprobs(logits, k)
 
 
 def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committed, live, block_tables,

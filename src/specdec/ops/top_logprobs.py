@@ -1,0 +1,66 @@
+"""The k most likely tokens of each row and their log-probabilities, from raw logits.
+
+A draft step needs, at every frontier node, the k best children and their log-probabilities
+(tree scores add them up). `log_softmax` followed by `topk` over the whole draft vocabulary
+runs on the GPU as one reduction program and one top-k block per row: with a 16k-32k-token
+draft vocabulary and 1-10 rows that took 37-225 us per draft depth on the H200
+(`notes/gpu/issue20/e2e_32cbac7.log`, `cycle_32cbac7.log`), more than the head's forward.
+Here each row is cut into S chunks: a top-k and a sum of exponentials per chunk run on S times
+as many blocks, and a second top-k over the S * k survivors picks the result; the
+log-softmax itself is never written out.
+
+Same tokens as `topk(log_softmax(x))` (ties may be ordered differently, as `torch.topk` may);
+log-probabilities equal to `log_softmax` up to the rounding of the sum's order. NaN logits
+rank as -inf, and log-probabilities are clamped at 0 (as `policies.candidates.clean_logq`).
+Fixed shapes, no host sync, compile-friendly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["chunk_count", "top_logprobs", "top_logprobs_ref"]
+
+MIN_CHUNK = 128  # a chunk shorter than this gains no parallelism worth a second top-k
+CHUNK_COUNTS = (64, 32, 16, 8, 4, 2)
+
+
+def chunk_count(vocab: int, k: int) -> int:
+    """How many equal chunks a row of `vocab` logits is cut into: the most in CHUNK_COUNTS that
+    divide it into chunks of at least max(k, MIN_CHUNK); 1 when none does."""
+    for s in CHUNK_COUNTS:
+        if vocab % s == 0 and vocab // s >= max(k, MIN_CHUNK):
+            return s
+    return 1
+
+
+def _no_nan(x: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(x, nan=float("-inf"), neginf=float("-inf"))
+
+
+def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [..., k] int64, log-probabilities [..., k] float32) of the k largest
+    log-softmax values of each row of `logits` [..., V] (k <= V), best first."""
+    *lead, V = logits.shape
+    if not 1 <= k <= V:
+        raise ValueError(f"top_logprobs: k={k} must be in [1, {V}] (the row length)")
+    S = chunk_count(V, k)
+    C = V // S
+    x = _no_nan(logits.float()).reshape(-1, S, C)  # [R, S, C]
+    part_val, part_idx = x.topk(k, dim=-1)  # [R, S, k] each chunk's best
+    offsets = torch.arange(S, device=x.device).mul_(C).view(1, S, 1)
+    part_idx = (part_idx + offsets).reshape(-1, S * k)  # [R, S*k] token ids
+    val, pick = part_val.reshape(-1, S * k).topk(k, dim=-1)  # [R, k]
+    tok = part_idx.gather(1, pick)  # [R, k]
+    top = val[:, :1]  # [R, 1] the row's max
+    shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    total = (x - shift[:, :, None]).exp().sum(-1).sum(-1, keepdim=True)  # [R, 1] chunk sums, then rows
+    lp = _no_nan((val - shift) - total.log()).clamp(max=0.0)  # [R, k]
+    return tok.reshape(*lead, k), lp.reshape(*lead, k)
+
+
+def top_logprobs_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: the whole log-softmax, cleaned, then one top-k (the former draft step)."""
+    lq = _no_nan(torch.log_softmax(logits.float(), dim=-1)).clamp(max=0.0)
+    lp, tok = lq.topk(k, dim=-1)
+    return tok, lp
