@@ -161,7 +161,8 @@ def test_flat_names_go_to_their_parts():
     assert same == cfg and SpecConfig(**cfg.flat()) == cfg
     assert set(cfg.flat()) == {"drafter", "tree", "verifier", "layers_to_capture", "plugin_options", "max_draft_len",
                                "topk", "max_total_draft_tokens", "max_batch_size", "max_seq_len", "kv_block_size",
-                               "num_kv_blocks", "prefill_chunk_size", "kv_lookahead_steps", "adaptive", "overlap",
+                               "num_kv_blocks", "prefill_chunk_size", "prefill_tokens_per_step", "kv_lookahead_steps", "adaptive",
+                                   "overlap",
                                "compile", "cuda_graphs", "graph_batch_sizes", "threads"}
 
 

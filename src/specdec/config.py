@@ -119,12 +119,17 @@ class ScheduleConfig:
     """How the engine runs steps: prefill chunks, KV reserved ahead, when to speculate."""
 
     prefill_chunk_size: int = 512  # prompt tokens per prefill forward (chunked prefill)
+    # prompt tokens an iteration may prefill before its step while requests run (at least one
+    # forward): more keeps the batch full when requests finish fast (a speculative decoder),
+    # less bounds how long running requests wait for their next token
+    prefill_tokens_per_step: int = 2048
     kv_lookahead_steps: int = 4  # KV blocks are reserved this many steps ahead of need
     adaptive: bool = False  # per step, speculate only when the measured cost model says it pays
     overlap: bool = False  # launch each step before reading the last one's hand-off (notes/OVERLAP.md); experimental
 
     def __post_init__(self) -> None:
         check_int("prefill_chunk_size", self.prefill_chunk_size, 1, 1 << 20)
+        check_int("prefill_tokens_per_step", self.prefill_tokens_per_step, 1, 1 << 24)
         check_int("kv_lookahead_steps", self.kv_lookahead_steps, 1, 1024)
         _check_bool("adaptive", self.adaptive)
         _check_bool("overlap", self.overlap)

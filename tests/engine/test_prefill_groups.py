@@ -185,13 +185,14 @@ def _iteration_log(engine):
 
 @pytest.mark.parametrize("drafter", ["none", "eagle3"])
 def test_prefill_goes_on_while_fewer_requests_run_than_wait_then_one_forward_per_step(models, drafter):
-    """Prompts of 13 tokens, one per forward (2 x 13 > 24): a batch of 8 fresh requests
-    prefills until as many run as wait (4 and 4) before its first step, not one forward per
-    step with 1, 2, 3 ... running; from then on one forward per iteration, so running
-    requests wait at most one chunk. Greedy output is what it was."""
+    """Prompts of 13 tokens, one per forward (2 x 13 > 24), and a prefill budget of one token
+    per iteration: a batch of 8 fresh requests prefills until as many run as wait (4 and 4)
+    before its first step, not one forward per step with 1, 2, 3 ... running; from then on
+    one forward per iteration, so running requests wait at most one chunk. Greedy output is
+    what it was."""
     prompts = [[5 + i] + list(range(20, 32)) for i in range(8)]
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    dec, _ = _decoder(models, drafter, grouped=True, max_batch_size=8)
+    dec, _ = _decoder(models, drafter, grouped=True, max_batch_size=8, prefill_tokens_per_step=1)
     engine = dec.engine
     for p in prompts:
         engine.submit(p, params)
@@ -199,4 +200,24 @@ def test_prefill_goes_on_while_fewer_requests_run_than_wait_then_one_forward_per
     assert log[0] == (4, 4, 4)
     assert all(forwards <= 1 for _, _, forwards in log[1:]), log
     alone, _ = _decoder(models, drafter, grouped=False, max_batch_size=8)
+    assert [r.token_ids for r in dec.generate(prompts, params)] == [r.token_ids for r in alone.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("budget, first, most", [(26, (4, 4, 4), 2), (39, (4, 4, 4), 3), (10_000, (8, 0, 8), 0)])
+def test_an_iteration_prefills_up_to_its_token_budget_before_its_step(models, budget, first, most):
+    """The same 8 requests of 13 tokens with `prefill_tokens_per_step` 26, 39 and 10000: the
+    first iteration prefills until as many run as wait and its budget is spent (4 forwards,
+    52 tokens, for 26 and 39; all 8 for 10000), later ones up to budget / 13 forwards (2, 3),
+    where one forward per iteration made the last request wait 4 steps. Greedy output is what it was."""
+    prompts = [[5 + i] + list(range(20, 32)) for i in range(8)]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    dec, _ = _decoder(models, "eagle3", grouped=True, max_batch_size=8, prefill_tokens_per_step=budget)
+    engine = dec.engine
+    for p in prompts:
+        engine.submit(p, params)
+    log = _iteration_log(engine)
+    assert log[0] == first, log
+    assert all(forwards <= max(most, 1) for _, _, forwards in log[1:]), log
+    assert max(forwards for _, _, forwards in log[1:]) == most, log
+    alone, _ = _decoder(models, "eagle3", grouped=False, max_batch_size=8)
     assert [r.token_ids for r in dec.generate(prompts, params)] == [r.token_ids for r in alone.generate(prompts, params)]

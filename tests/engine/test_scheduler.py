@@ -113,3 +113,24 @@ def test_prefill_groups_pad_to_the_longest_chunk_within_the_budget(grouped):
 def test_a_scheduler_needs_a_slot():
     with pytest.raises(ValueError, match="num_slots=0"):
         Scheduler(0)
+
+
+@pytest.mark.parametrize(
+    "running, prefilling, spent, budget, more",
+    [(0, 3, 900, 10, True),  # nothing runs: prefill on whatever was spent
+     (2, 3, 900, 10, True),  # fewer run than wait
+     (3, 3, 9, 10, True),  # as many run as wait, budget left
+     (3, 3, 10, 10, False),  # budget spent
+     (5, 1, 0, 10, True),
+     (5, 0, 0, 10, False),  # nothing to prefill
+     (0, 0, 0, 10, False)],
+)
+def test_prefill_goes_on_while_requests_wait_and_fewer_run_or_the_budget_lasts(running, prefilling, spent, budget, more):
+    assert Scheduler.prefill_more(running, prefilling, spent, budget) is more
+
+
+def test_chunk_tokens_count_each_requests_next_chunk():
+    a, b = request(0, prompt_len=30), request(1, prompt_len=5)
+    a.prefilled = 20  # 10 left
+    assert Scheduler.chunk_tokens([a, b], 8) == 8 + 5
+    assert Scheduler.chunk_tokens([a, b], 64) == 10 + 5

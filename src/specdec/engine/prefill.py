@@ -31,24 +31,25 @@ class Prefill:
     def _advance_prefills(self) -> None:
         """Prefill chunks, oldest request first, `prefill_chunk_size` padded prompt tokens per
         forward: several prompts share one forward (`_prefill_group`), a long one takes one
-        chunk of it. While at least as many requests run as wait for their prefill, one
-        forward per iteration (the running ones wait at most one chunk's worth); while fewer
-        run, forwards follow each other until as many run as wait. Why: a step costs what its
-        batch bucket costs however few of its slots run, so when a wave of requests finishes
-        together (or a batch starts), refilling one group per step ran the next ~B/3 steps
-        at a fraction of their width; a speculative decoder, which finishes requests in fewer
-        steps, spent most of its steps that way (SmolLM2 on the H200, batch 64: ~31 of 64
-        slots running per bucket-64 step of the EAGLE-3 chain, ~53 for target-only)."""
-        prefilling = self._prefilling()
+        chunk of it. Forwards follow each other while `Scheduler.prefill_more` says so: while
+        fewer requests run than wait for their prefill, and up to `prefill_tokens_per_step`
+        prompt tokens an iteration. Why: with one forward per iteration (the rule before), a
+        speculative decoder, which finishes requests in a third of the steps, refilled its
+        slots slower than they emptied and ran half-empty (SmolLM2 on the H200, batch 64:
+        ~32 of 64 slots running per bucket-64 step of the EAGLE-3 chain, ~51 for
+        target-only; 0.84x target-only's throughput, `notes/gpu/issue22/bench_smollm2_32cbac7.log`)."""
+        budget = self.config.schedule.prefill_tokens_per_step
+        size = self.config.schedule.prefill_chunk_size
+        prefilling, spent = self._prefilling(), 0
         while prefilling:
             group = self._prefill_group(prefilling)
+            spent += self.scheduler.chunk_tokens(group, size)
             if len(group) > 1:
                 self._prefill_together(group)
             else:
                 self._prefill_step(group[0])
             prefilling = self._prefilling()
-            running = len(self.running())
-            if running and running >= len(prefilling):
+            if not self.scheduler.prefill_more(len(self.running()), len(prefilling), spent, budget):
                 return
 
     def _prefilling(self) -> list[RequestState]:

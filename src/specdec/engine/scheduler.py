@@ -121,6 +121,23 @@ class Scheduler:
             width = longest
         return group
 
+    @staticmethod
+    def chunk_tokens(group: list[RequestState], chunk_size: int) -> int:
+        """Prompt tokens the next forward of `group` prefills (each request's next chunk)."""
+        return sum(min(chunk_size, len(r.prefill_tokens) - r.prefilled) for r in group)
+
+    @staticmethod
+    def prefill_more(running: int, prefilling: int, spent: int, budget: int) -> bool:
+        """Whether an iteration runs another prefill forward before its step, after forwards of
+        `spent` prompt tokens: yes while requests wait for their prefill and either none or
+        fewer run than wait (a batch starting, or a wave finishing together), or the
+        iteration's `budget` of prompt tokens is not spent. Why: a step costs what its batch
+        bucket costs however few of its slots run, so every request prefilled now rides the
+        next step for free; the budget bounds the running requests' wait for their next token."""
+        if prefilling == 0:
+            return False
+        return running == 0 or running < prefilling or spent < budget
+
     def victim(self, keep: RequestState) -> RequestState | None:
         """The running request to preempt so that `keep` can grow: the youngest other one."""
         others = [r for r in self.running() if r is not keep]
