@@ -660,5 +660,21 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split()) or type(e).__name__
 
 
+def run_as_program() -> None:
+    """`specdec ...` and `python -m specdec.entrypoints.cli ...`: `main`, then exit. A process of
+    a torch.distributed job (`torchrun ... generate --tp N`) leaves through `os._exit` once its
+    output is flushed: at interpreter shutdown, gloo's threads were sometimes destroyed
+    unjoined and the rank died of SIGABRT ("terminate called without an active exception")
+    after printing everything, failing the job (~1 run in 12 on a loaded 2-core machine; a
+    barrier and `destroy_process_group` before exit did not stop it)."""
+    code = main()
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_as_program()
