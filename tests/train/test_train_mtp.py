@@ -171,3 +171,66 @@ def test_the_mtp_command_line_writes_a_plugin_loadable_head_log_curves_record_an
     record = (out / "TRAINING.md").read_text()
     assert "python -m specdec.train mtp" in record and "| mtp tree D=6 K=8 N=48 |" in record
     assert "draft vocabulary (draft_vocab.safetensors): 32 tokens covering" in record
+
+
+def test_the_draft_vocabulary_loss_is_the_renormalized_soft_ce_on_its_rows(train_target):
+    """`mtp_unroll(target_ids=...)`: the head's logits over those lm_head rows, the teacher's
+    distribution renormalized over them, rows whose teacher argmax lies outside weighing 0, and
+    predictions as target ids; with every id it is the full-vocabulary loss."""
+    from specdec.drafters.mtp_drafter import restricted_head
+
+    model = random_mtp(seed=3)
+    tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(1))
+    embed, lm_head = train_target.model.embed, train_target.model.lm_head
+    weights, response = torch.ones(2, 9), torch.ones(2, 9, dtype=torch.bool)
+    full_teacher = mtp_teacher_forward(train_target.model, tokens)
+    full = mtp_unroll(model, embed, lm_head, full_teacher.last_hidden, tokens, full_teacher.logits,
+                      full_teacher.argmax, weights, response, steps=2, recompute=False)
+    every = torch.arange(V)
+    t_all = mtp_teacher_forward(train_target.model, tokens, target_ids=every)
+    same = mtp_unroll(model, embed, restricted_head(lm_head.weight, every), t_all.last_hidden, tokens, t_all.logits,
+                      t_all.argmax, weights, response, steps=2, recompute=False, target_ids=every)
+    torch.testing.assert_close(same.loss, full.loss, rtol=1e-6, atol=1e-6)
+
+    ids = torch.arange(0, V, 2)  # every other token
+    sub = mtp_teacher_forward(train_target.model, tokens, target_ids=ids)
+    assert sub.logits.shape == (2, 9, ids.numel()) and torch.equal(sub.argmax, full_teacher.argmax)
+    res = mtp_unroll(model, embed, restricted_head(lm_head.weight, ids), sub.last_hidden, tokens, sub.logits,
+                     sub.argmax, weights, response, steps=1, recompute=False, target_ids=ids)
+    # step 0 by hand: rows t predict x_{t+2} against p_{t+1} over the draft rows
+    n = 9 - 2
+    logits = model.logits(_step0_state(model, embed, tokens, sub.last_hidden)[:, :n], restricted_head(lm_head.weight, ids))
+    p = torch.softmax(full_teacher.logits[:, 1 : 1 + n][..., ids].float(), -1)
+    ce = torch.logsumexp(logits.float(), -1) - (p * logits.float()).sum(-1)  # [2, n]
+    keep = (full_teacher.argmax[:, 1 : 1 + n] % 2 == 0).float()
+    torch.testing.assert_close(res.step_loss[0], (ce * keep).sum() / keep.sum(), rtol=1e-5, atol=1e-6)
+
+
+def _step0_state(model, embed, tokens, last_hidden):
+    """Step 0's block output, as `mtp_unroll` computes it (causal attention over the sequence)."""
+    from specdec.train.ttt import growing_attend, ttt_attention
+
+    B, T = tokens.shape
+    attend = growing_attend(ttt_attention, model.config.head_dim**-0.5)
+    emb = embed(torch.roll(tokens, -1, 1))
+    return model.block(model.fuse(emb, last_hidden), torch.arange(T)[None].expand(B, T), attend)
+
+
+def test_training_over_the_draft_vocabulary_lowers_the_loss_and_exports_that_vocabulary(train_target, tmp_path):
+    from specdec.drafters.mtp_checkpoint import load_draft_vocab
+    from specdec.train.mtp_trainer import mtp_draft_vocab
+    from specdec.train.pipeline import RECIPES
+
+    data = make_data(train_target, n=24)
+    cfg = TrainConfig(max_steps=16, draft_vocab_size=48, mtp_loss_vocab="draft", **TINY)
+    log = tmp_path / "log.jsonl"
+    result = train_mtp(train_target, data, cfg, work_dir=tmp_path / "work", log_path=log, progress=False)
+    train = [r for r in read_log(log) if r["kind"] == "train"]
+    assert sum(r["loss"] for r in train[-4:]) / 4 < sum(r["loss"] for r in train[:4]) / 4 - 0.05
+    ids, cover = mtp_draft_vocab(train_target, data, cfg)
+    assert ids.numel() == 48 and bool((ids[1:] > ids[:-1]).all()) and result.coverage == cover < 1.0
+    (tmp_path / "head").mkdir()
+    RECIPES["mtp"]().extras(tmp_path / "head", train_target, data, cfg)
+    assert torch.equal(load_draft_vocab(tmp_path / "head"), ids)
+    with pytest.raises(ValueError, match="mtp_loss_vocab"):
+        TrainConfig(mtp_loss_vocab="tiny")

@@ -95,6 +95,7 @@ def _train_config(args):
         early_stop_patience=getattr(args, "early_stop_patience", None),
         val_fraction=getattr(args, "val_fraction", TrainConfig.val_fraction),
         init_head=None if init_head is None else str(Path(init_head).expanduser()),
+        mtp_loss_vocab=getattr(args, "mtp_loss_vocab", TrainConfig.mtp_loss_vocab),
     )
 
 
@@ -233,7 +234,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training")
     g.add_argument("--draft-vocab-size", type=int, default=4096,
                    help="eagle3: the head's output vocabulary; mtp: the draft_vocab.safetensors written beside the head "
-                        "(the most frequent training targets; the MTP head itself is trained on the full vocabulary)")
+                        "(the most frequent training targets; see --mtp-loss-vocab)")
+    g.add_argument("--mtp-loss-vocab", choices=("full", "draft"), default="full",
+                   help="mtp: the loss over the full vocabulary (default), or over the draft vocabulary only, as "
+                        "EAGLE-3 trains (~V / Vd times less lm_head work per step; drafting uses that vocabulary)")
     g.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (eagle3) / recursion depth trained (mtp)")
     g.add_argument("--prompt-weight", type=float, default=0.1)
     g.add_argument("--epochs", type=float, default=4.0)

@@ -24,8 +24,11 @@ row t of step k sees the step-0 keys of rows j <= t (the ingested context) and r
 keys of steps 1..k (its draft ancestors and itself), exactly what `MTPDrafter` sees.
 
 Loss of step k: soft cross-entropy over the FULL vocabulary (the head shares the target's
-lm_head, so there is no draft vocabulary) against p_{t+k+1}, weighted by the loss weight of
-the predicted token, averaged; total = sum_k step_weight**k * loss_k (0.8**k). The logits
+lm_head) against p_{t+k+1}, weighted by the loss weight of the predicted token, averaged; or,
+with `target_ids` (a draft vocabulary, `TrainConfig.mtp_loss_vocab="draft"`), over those Vd
+rows of the lm_head against the teacher's distribution renormalized over them, rows whose
+teacher argmax lies outside weighing 0 (how the EAGLE-3 unroll trains its draft vocabulary,
+and what the drafter computes when it drafts over a draft vocabulary); total = sum_k step_weight**k * loss_k (0.8**k). The logits
 and their softmax are recomputed in backward (activation checkpointing per step), so only
 [B, T, d] states stay alive across steps, not [B, T, V] logits. Accuracy: head argmax ==
 target argmax over response rows.
@@ -52,20 +55,26 @@ class MTPTeacherOutput:
 
 
 @torch.no_grad()
-def mtp_teacher_forward(model, tokens: torch.Tensor, *, chunk_rows: int = 8192) -> MTPTeacherOutput:
+def mtp_teacher_forward(model, tokens: torch.Tensor, *, chunk_rows: int = 8192,
+                        target_ids: torch.Tensor | None = None) -> MTPTeacherOutput:
     """The target's last hidden states and next-token logits for whole sequences (one forward).
 
     Args:
         model: `specdec.models.DecoderLM`.
         tokens: [B, T] int64 (right-padded).
         chunk_rows: rows of full-vocabulary logits computed at once.
+        target_ids: [Vd] int64: return the logits of these tokens only ([B, T, Vd]); the argmax
+            is over the full vocabulary either way.
     """
     _, last = dense_forward(model, tokens, (len(model.layers) - 1,))
     B, T, d = last.shape
     flat = last.reshape(B * T, d)
     chunks = [model.lm_head(flat[s : s + chunk_rows]) for s in range(0, B * T, chunk_rows)]
     logits = torch.cat(chunks, 0).view(B, T, -1)  # [B, T, V]
-    return MTPTeacherOutput(last, logits, logits.argmax(-1))
+    argmax = logits.argmax(-1)
+    if target_ids is not None:
+        logits = logits.index_select(-1, target_ids)  # [B, T, Vd]
+    return MTPTeacherOutput(last, logits, argmax)
 
 
 def _soft_ce(model, head, state: torch.Tensor, teacher_p: torch.Tensor) -> torch.Tensor:
@@ -89,6 +98,7 @@ def mtp_unroll(
     step_weight: float = 0.8,
     attention=ttt_attention,
     recompute: bool = True,
+    target_ids: torch.Tensor | None = None,
 ) -> TTTResult:
     """Unroll the MTP module `steps` times and return the weighted loss and per-step metrics.
 
@@ -105,6 +115,9 @@ def mtp_unroll(
         steps: recursion depth trained (>= 1). step_weight: loss weight ratio between steps.
         attention: `ttt.ttt_attention` or `ttt.ttt_attention_ref`.
         recompute: recompute each step's logits in backward (saves [B, T, V] per step).
+        target_ids: [Vd] int64 ascending target ids of a draft vocabulary: `head` then gives
+            their logits (`mtp_drafter.restricted_head`) and `teacher_logits` is [B, T, Vd]
+            (theirs); `teacher_argmax` stays over the full vocabulary. None: the full vocabulary.
     Returns:
         `ttt.TTTResult` (loss, step_loss, correct, count, weight per step).
     """
@@ -112,7 +125,10 @@ def mtp_unroll(
         raise ValueError(f"steps={steps} must be >= 1")
     B, T = tokens.shape
     scale = model.config.head_dim**-0.5
-    teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, V]
+    teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, V] (or [B, T, Vd])
+    in_vocab = None
+    if target_ids is not None:
+        in_vocab = torch.isin(teacher_argmax, target_ids)  # [B, T] the teacher's argmax is a draft token
     base = torch.arange(T, device=tokens.device)[None].expand(B, T)
     attend = growing_attend(attention, scale)
     hidden = last_hidden
@@ -127,6 +143,8 @@ def mtp_unroll(
             acc.skip()
             continue
         w = weights[:, k + 2 : k + 2 + n].float()  # [B, n]
+        if in_vocab is not None:
+            w = w * in_vocab[:, k + 1 : k + 1 + n]
         p = teacher_p[:, k + 1 : k + 1 + n]
         rows = state[:, :n]
         if recompute and torch.is_grad_enabled():
@@ -135,5 +153,7 @@ def mtp_unroll(
             ce = _soft_ce(model, head, rows, p)  # [B, n]
         with torch.no_grad():
             pred = model.logits(rows.detach(), head).argmax(-1)  # [B, n]
+            if target_ids is not None:
+                pred = target_ids[pred]  # target ids
         acc.add(k, ce, w, pred, teacher_argmax[:, k + 1 : k + 1 + n], response[:, k + 2 : k + 2 + n])
     return acc.result()

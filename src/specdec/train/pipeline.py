@@ -28,16 +28,14 @@ from specdec.drafters.mtp_checkpoint import save_draft_vocab, save_mtp
 from . import prompts as prompt_sources  # `prompt_sources.sample_prompts`: looked up when called (tests replace it)
 from .categories import frozen_category_prompts
 from .conversation import build_mix_distill_data
-from .data import split_validation
 from .distill import DistillData, build_distill_data
 from .evaluate import evaluate_head, format_table
 from .expand import target_generate
 from .mix import MixConfig, normalize, sample_mix
-from .mtp_trainer import train_mtp
+from .mtp_trainer import mtp_draft_vocab, train_mtp
 from .plot import plot_training_log
 from .prompts import frozen_heldout_prompts, read_prompts, write_prompts
 from .trainer import _ordered, category_of_kind, train_eagle3
-from .vocab import build_vocab_map, coverage, token_counts
 
 __all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "estimate_vs_measured", "heldout_val_prompts", "load_or_make_data",
            "load_or_make_val_data", "run_pipeline", "validation_table"]
@@ -100,16 +98,16 @@ def _mtp_recipe() -> HeadRecipe:
         return [f"config: `{json.dumps(asdict(result.head.config), default=str)}`"]
 
     def draft_vocab(out: Path, target, data, cfg) -> list[str]:
-        """draft_vocab.safetensors: the cfg.draft_vocab_size most frequent training targets."""
-        V = target.info.vocab_size
-        if cfg.draft_vocab_size >= V:
+        """draft_vocab.safetensors: the cfg.draft_vocab_size most frequent training targets
+        (`mtp_draft_vocab`: the vocabulary a "draft" loss trained on)."""
+        vocab = mtp_draft_vocab(target, data, cfg)
+        if vocab is None:
             return ["draft vocabulary: none (drafting covers the whole vocabulary)"]
-        train_idx, _ = split_validation(len(data), cfg.val_fraction, cfg.seed)  # counted as EAGLE-3's trainer does
-        counts = token_counts(data.subset(train_idx), V, prompt_weight=cfg.prompt_weight)
-        d2t, t2d = build_vocab_map(counts, cfg.draft_vocab_size)
-        save_draft_vocab(out, torch.arange(cfg.draft_vocab_size) + d2t)
+        target_ids, cover = vocab
+        save_draft_vocab(out, target_ids)
+        trained = "the loss covered it too" if cfg.mtp_loss_vocab == "draft" else "the loss covered the full vocabulary"
         return [f"draft vocabulary (draft_vocab.safetensors): {cfg.draft_vocab_size} tokens covering "
-                f"{coverage(counts, t2d):.1%} of the training targets; drafting is restricted to it, the head is not"]
+                f"{cover:.1%} of the training targets; drafting is restricted to it; {trained}"]
 
     return HeadRecipe(
         "mtp", "MTP head",
@@ -117,7 +115,7 @@ def _mtp_recipe() -> HeadRecipe:
         "last hidden state, logits through the target's lm_head",
         train_mtp, save_mtp, head_lines,
         config_note="config (ttt_steps = recursion depth; fc_norm / capture_layers unused; draft_vocab_size: the "
-                    "draft vocabulary written beside the head, the loss covers the full vocabulary)",
+                    "draft vocabulary written beside the head; mtp_loss_vocab: the loss over it or the full vocabulary)",
         extras=draft_vocab,
     )
 

@@ -95,6 +95,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the teacher forward and the TTT unroll
     early_stop_patience: int | None = None  # stop after this many evaluations without a better watched value; None = off
     early_stop_min_delta: float = 0.0  # an evaluation counts as better when it beats the best by more than this
+    mtp_loss_vocab: str = "full"  # mtp: the loss over the full vocabulary, or "draft": over the draft vocabulary
+    # (the draft_vocab_size most frequent targets, as EAGLE-3 trains: ~V / Vd times less lm_head work per step)
     init_head: str | None = None  # a head folder to start from (its weights and draft vocabulary; a fresh optimizer
     # and schedule): training goes on across machines and sessions, on new data; a resumed checkpoint comes first
 
@@ -108,6 +110,8 @@ class TrainConfig:
                 bad(name, "int >= 1")
         if self.max_len < 3:
             bad("max_len", ">= 3")
+        if self.mtp_loss_vocab not in ("full", "draft"):
+            bad("mtp_loss_vocab", "'full' or 'draft'")
         if self.warmup_steps < 0 or self.val_batches < 0:
             bad("warmup_steps" if self.warmup_steps < 0 else "val_batches", ">= 0")
         if self.max_steps is not None and self.max_steps < 1:
