@@ -227,6 +227,7 @@ def timed_run(dec, batch, params, device) -> dict:
     forwards = ForwardCounter(engine, device)
     steps_before = engine.step_times.seconds
     buckets_before = {k: list(v) for k, v in engine.step_times.by_bucket.items()}
+    running_before = dict(engine.step_times.running_by_bucket)
     host_before = {k: list(v) for k, v in engine.step_times.host_split.items()}
     with GpuClocks() as clocks, TimedRegion() as region:  # the SM clock it ran at (nvidia-smi, if there)
         sync(device)
@@ -245,6 +246,8 @@ def timed_run(dec, batch, params, device) -> dict:
             split0 = host_before.get((bucket, variant), [0.0] * len(HOST_PARTS))
             buckets.append(dict(bucket=bucket, variant=variant, steps=n - n0, ms_per_step=1e3 * (sec - sec0) / (n - n0),
                                 tok_s=(tok - tok0) / (sec - sec0),
+                                running=(engine.step_times.running_by_bucket.get((bucket, variant), 0)
+                                         - running_before.get((bucket, variant), 0)) / (n - n0),
                                 host_us={part: 1e6 * (a - a0) / (n - n0) for part, a, a0 in zip(HOST_PARTS, split, split0)}))
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.stats.steps for r in results)
@@ -326,7 +329,8 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
         f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
     label = (lambda d: f"{d['bucket']} {d['variant']}") if rule is not None else (lambda d: f"{d['bucket']}")
     log(f"  {kind}: steps per bucket: " + "; ".join(
-        f"{label(d)} x{d['steps']} {d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s" for d in med["buckets"]))
+        f"{label(d)} x{d['steps']} {d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s {d['running']:.1f} running"
+        for d in med["buckets"]))
     log(f"  {kind}: a step's host timeline per bucket, us (" + " / ".join(HOST_PARTS) + "): " + "; ".join(
         f"{label(d)} " + " / ".join(f"{d['host_us'][part]:.0f}" for part in HOST_PARTS) for d in med["buckets"]))
     host = med["prefill_s"] - med["target_forward_s"] - med["draft_forward_s"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import textwrap
-import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "specdec"
@@ -191,9 +190,7 @@ def describe(cycle: list[str], root: Path) -> str:
 
 
 def test_specdec_has_no_import_cycles():
-    start = time.perf_counter()
     cycles = import_cycles(SRC)
-    assert time.perf_counter() - start < 2.0
     assert len(module_files(SRC)) > 50  # the walker saw the package
     assert "specdec.hookspecs" in import_edges(SRC)["specdec.registry"]  # and its edges
     assert not cycles, f"{len(cycles)} import cycle(s) in specdec:\n" + "\n".join(describe(c, SRC) for c in cycles)

@@ -93,3 +93,24 @@ def test_each_steps_host_timeline_adds_up_to_its_time_per_bucket(chat_setup):
         assert len(split) == len(HOST_PARTS) and min(split) >= 0 and sum(split) == pytest.approx(seconds, abs=1e-6), key
     with pytest.raises(ValueError, match="host has 2 parts; expected 5"):
         StepTimes().add(0.1, bucket=1, host=(0.05, 0.05))
+
+
+def test_running_requests_are_summed_per_bucket_so_a_half_empty_bucket_shows(chat_setup):
+    """`StepTimes.running_by_bucket`: the running requests of every step, per (bucket,
+    variant); its mean is how full the bucket's steps ran (`bench_batch.py` prints it)."""
+    from specdec.engine.step_timing import StepTimes
+
+    times = StepTimes()
+    times.add(0.1, bucket=4, tokens=6, running=3)
+    times.add(0.1, bucket=4, tokens=2, running=1)
+    times.add(0.1, bucket=1, variant="plain", tokens=1, running=1)
+    assert times.running_by_bucket == {(4, "speculative"): 4, (1, "plain"): 1}
+    dec = SpecDecoder.from_pretrained(chat_setup["target"], chat_setup["head"], CONFIG)
+    prompts = PROMPTS * 3
+    dec.generate(prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    times = dec.engine.step_times
+    assert set(times.running_by_bucket) == set(times.by_bucket)
+    for key, running in times.running_by_bucket.items():
+        steps = times.by_bucket[key][0]
+        assert 1 <= running / steps <= key[0], key  # at least one, at most the bucket's width
+    assert sum(times.running_by_bucket.values()) >= len(prompts)

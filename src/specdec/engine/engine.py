@@ -383,7 +383,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         else:
             self.last_step_seconds = t_end - step.t0
         self.step_times.add(self.last_step_seconds, self._timer.read() if self.phase_timing else None, bucket=b,
-                            variant=variant, tokens=emitted_total,
+                            variant=variant, tokens=emitted_total, running=len(step.running),
                             host=(step.t_launch - step.t0, step.t_launched - step.t_launch,
                                   step.t_folded - step.t_launched,
                                   # waiting: from the launch work's end (without overlap: the parts add up

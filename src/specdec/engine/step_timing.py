@@ -82,9 +82,13 @@ class StepTimes:
     # (`HOST_PARTS`): whether a step that costs more than another with the same device work
     # loses it before the launch, in the launch call, waiting for the device, or after the hand-off
     host_split: dict = field(default_factory=dict)
+    # (batch bucket, variant) -> running requests summed over its steps: how full a bucket's
+    # steps ran (a bucket-64 step costs the same with 30 requests as with 64)
+    running_by_bucket: dict = field(default_factory=dict)
 
     def add(self, seconds: float, phases: dict[str, float] | None = None, *, bucket: int | None = None,
-            variant: str = SPECULATIVE, tokens: int = 0, host: tuple[float, ...] | None = None) -> None:
+            variant: str = SPECULATIVE, tokens: int = 0, host: tuple[float, ...] | None = None,
+            running: int = 0) -> None:
         self.steps += 1
         self.seconds += seconds
         if bucket is not None:
@@ -92,6 +96,7 @@ class StepTimes:
             row[0] += 1
             row[1] += seconds
             row[2] += tokens
+            self.running_by_bucket[(bucket, variant)] = self.running_by_bucket.get((bucket, variant), 0) + running
             if host is not None:
                 if len(host) != len(HOST_PARTS):
                     raise ValueError(f"host has {len(host)} parts; expected {len(HOST_PARTS)} {HOST_PARTS}")
