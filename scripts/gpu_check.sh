@@ -15,17 +15,26 @@
 #
 # Writes CHECK.md ($OUT/CHECK.md on the device machine; commit it as notes/gpu/CHECK.md): its
 # first line `commit <full hash>`, pass/fail per part, the tok/s tables, the time it took.
-# On the device machine (after the GGUF parts arrived, scripts/gpu_setup.sh):
-#   SPECDEC_COMMIT=<hash of HEAD> bash scripts/gpu_check.sh
+# On the device machine (after the GGUF parts arrived, scripts/gpu_setup.sh), with the commit
+# stamped here first (`bash scripts/stamp_commit.sh`, or make_carry.sh; .carry/wheels travels):
+#   bash scripts/gpu_check.sh
+# or naming it by hand: SPECDEC_COMMIT=<hash of HEAD> bash scripts/gpu_check.sh
 source "$(dirname "$0")/gpu_setup.sh"
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
-# Pass the commit from the development machine: git on the device machine's copy can name an
+# The commit comes from the development machine: git on the device machine's copy can name an
 # older commit than the tree it holds (seen at 240a9c8: it reported 993ff72).
-commit="${SPECDEC_COMMIT:-unknown (set SPECDEC_COMMIT to the full hash of the commit you copied)}"
+stamp="$(cd "$(dirname "$0")/.." && pwd)/.carry/wheels"
+if [ -z "${SPECDEC_COMMIT:-}" ] && [ -f "$stamp/commit" ]; then
+  SPECDEC_COMMIT=$(cat "$stamp/commit")
+fi
+commit="${SPECDEC_COMMIT:-unknown (stamp it: bash scripts/stamp_commit.sh; or set SPECDEC_COMMIT to the full hash)}"
 if [ -n "${SPECDEC_COMMIT:-}" ] && ! [[ "$SPECDEC_COMMIT" =~ ^[0-9a-f]{40}$ ]]; then  # 85a42e3 was once passed short
   echo "SPECDEC_COMMIT=$SPECDEC_COMMIT is not a full commit hash (40 hex digits: git rev-parse HEAD)" >&2
   exit 2
 fi
+# Is the tree that runs the commit named? (32cbac7's check was once typed with a wrong hash.)
+tree_note=$(bash "$(dirname "$0")/tree_digest.sh" --verify "$stamp" "${SPECDEC_COMMIT:-}")
+echo "== $tree_note"
 start=$SECONDS
 part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit; its table row -> $out/LOG.row
   local name=$1 secs=$2 log=$3; shift 3
@@ -65,10 +74,11 @@ verdict=PASS; [ $failed -ne 0 ] && verdict=FAIL
 {
   echo "commit $commit"
   echo
+  echo "$tree_note"
   echo "# GPU check: $verdict"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(python -c 'import torch, triton, transformers; print(torch.cuda.get_device_name(), "· torch", torch.__version__, "· triton", triton.__version__, "· transformers", transformers.__version__)')."
-  echo "Command: \`SPECDEC_COMMIT=$commit bash scripts/gpu_check.sh\`; took $((SECONDS - start)) s."
+  echo "Command: \`SPECDEC_COMMIT=$commit bash scripts/gpu_check.sh\` (or the stamp); took $((SECONDS - start)) s."
   echo
   echo "| part | result | time | summary |"
   echo "|---|---|---|---|"

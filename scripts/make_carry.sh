@@ -36,3 +36,4 @@ echo "tree $((tree / 1048576)) MiB + wheels: the $((size / 1048576)) MiB GGUF tr
 for ((i = 0; i < parts; i++)); do
   echo "  call $((i + 1)): carry [\".carry/wheels\", \".carry/p$i\"]   ($(( $(stat -c %s .carry/p$i/part*) / 1048576 )) MiB)"
 done
+bash scripts/stamp_commit.sh || echo "not stamped (commit first, then: bash scripts/stamp_commit.sh): gpu_check.sh will need SPECDEC_COMMIT" >&2
