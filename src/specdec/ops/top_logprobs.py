@@ -11,15 +11,15 @@ log-softmax itself is never written out.
 
 Same tokens as `topk(log_softmax(x))` (ties may be ordered differently, as `torch.topk` may);
 log-probabilities equal to `log_softmax` up to the rounding of the sum's order. NaN logits
-rank as -inf, and log-probabilities are clamped at 0 (as `policies.candidates.clean_logq`).
-Fixed shapes, no host sync, compile-friendly.
+rank as -inf, and log-probabilities are clamped at 0 (`clean_logq`, which the tree policies'
+candidates use too). Fixed shapes, no host sync, compile-friendly.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["chunk_count", "top_logprobs", "top_logprobs_ref"]
+__all__ = ["chunk_count", "clean_logq", "nan_to_minus_inf", "top_logprobs", "top_logprobs_ref"]
 
 MIN_CHUNK = 128  # a chunk shorter than this gains no parallelism worth a second top-k
 CHUNK_COUNTS = (64, 32, 16, 8, 4, 2)
@@ -34,8 +34,14 @@ def chunk_count(vocab: int, k: int) -> int:
     return 1
 
 
-def _no_nan(x: torch.Tensor) -> torch.Tensor:
+def nan_to_minus_inf(x: torch.Tensor) -> torch.Tensor:
+    """`x` with NaN -> -inf (-inf kept), so a NaN score ranks last."""
     return torch.nan_to_num(x, nan=float("-inf"), neginf=float("-inf"))
+
+
+def clean_logq(logq: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities with NaN -> -inf and rounding above 0 clamped, so path scores never grow."""
+    return nan_to_minus_inf(logq).clamp(max=0.0)
 
 
 def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +52,7 @@ def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
         raise ValueError(f"top_logprobs: k={k} must be in [1, {V}] (the row length)")
     S = chunk_count(V, k)
     C = V // S
-    x = _no_nan(logits.float()).reshape(-1, S, C)  # [R, S, C]
+    x = nan_to_minus_inf(logits.float()).reshape(-1, S, C)  # [R, S, C]
     part_val, part_idx = x.topk(k, dim=-1)  # [R, S, k] each chunk's best
     offsets = torch.arange(S, device=x.device).mul_(C).view(1, S, 1)
     part_idx = (part_idx + offsets).reshape(-1, S * k)  # [R, S*k] token ids
@@ -55,12 +61,12 @@ def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     top = val[:, :1]  # [R, 1] the row's max
     shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     total = (x - shift[:, :, None]).exp().sum(-1).sum(-1, keepdim=True)  # [R, 1] chunk sums, then rows
-    lp = _no_nan((val - shift) - total.log()).clamp(max=0.0)  # [R, k]
+    lp = clean_logq((val - shift) - total.log())  # [R, k]
     return tok.reshape(*lead, k), lp.reshape(*lead, k)
 
 
 def top_logprobs_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: the whole log-softmax, cleaned, then one top-k (the former draft step)."""
-    lq = _no_nan(torch.log_softmax(logits.float(), dim=-1)).clamp(max=0.0)
+    lq = clean_logq(torch.log_softmax(logits.float(), dim=-1))
     lp, tok = lq.topk(k, dim=-1)
     return tok, lp

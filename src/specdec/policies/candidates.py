@@ -12,14 +12,10 @@ from __future__ import annotations
 import torch
 
 from ..ops.sampling import sample_from_probs
+from ..ops.top_logprobs import clean_logq, nan_to_minus_inf
 from ..types import Candidates
 
 __all__ = ["clean_logq", "stable_topk", "top_candidates", "sampled_candidates"]
-
-
-def clean_logq(logq: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities with NaN -> -inf and rounding above 0 clamped, so path scores never grow."""
-    return torch.nan_to_num(logq, nan=float("-inf"), neginf=float("-inf")).clamp(max=0.0)
 
 
 def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -30,8 +26,7 @@ def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     Returns:
         [..., k] int64, best first.
     """
-    clean = torch.nan_to_num(scores, nan=float("-inf"), neginf=float("-inf"))
-    return torch.sort(-clean, dim=-1, stable=True).indices[..., :k]
+    return torch.sort(-nan_to_minus_inf(scores), dim=-1, stable=True).indices[..., :k]
 
 
 def top_candidates(logq: torch.Tensor, k: int, *, probs: bool = False) -> Candidates:
