@@ -113,7 +113,7 @@ class Scheduler:
         group: list[RequestState] = []
         width = 0
         for request in prefilling:
-            chunk = min(budget, len(request.prefill_tokens) - request.prefilled)
+            chunk = self.next_chunk(request, budget)
             rows, longest = len(group) + 1, max(width, chunk)
             if group and (rows * longest > budget or not _keeps_a_bucket(buckets, group, request, rows, longest)):
                 continue
@@ -122,9 +122,14 @@ class Scheduler:
         return group
 
     @staticmethod
-    def chunk_tokens(group: list[RequestState], chunk_size: int) -> int:
+    def next_chunk(request: RequestState, chunk_size: int) -> int:
+        """Prompt tokens `request`'s next prefill chunk holds."""
+        return min(chunk_size, len(request.prefill_tokens) - request.prefilled)
+
+    @classmethod
+    def chunk_tokens(cls, group: list[RequestState], chunk_size: int) -> int:
         """Prompt tokens the next forward of `group` prefills (each request's next chunk)."""
-        return sum(min(chunk_size, len(r.prefill_tokens) - r.prefilled) for r in group)
+        return sum(cls.next_chunk(r, chunk_size) for r in group)
 
     @staticmethod
     def prefill_more(running: int, prefilling: int, spent: int, budget: int) -> bool:
