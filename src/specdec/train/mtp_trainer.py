@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.mtp_checkpoint import check_against_target, load_mtp, save_mtp
-from specdec.drafters.mtp_model import MTPConfig, MTPModel, init_random_
-
 from specdec.drafters.mtp_drafter import restricted_head
+from specdec.drafters.mtp_model import MTPConfig, MTPModel, init_random_
 
 from .data import split_validation
 from .mtp_unroll import mtp_teacher_forward, mtp_unroll

@@ -28,7 +28,8 @@ lm_head) against p_{t+k+1}, weighted by the loss weight of the predicted token, 
 with `target_ids` (a draft vocabulary, `TrainConfig.mtp_loss_vocab="draft"`), over those Vd
 rows of the lm_head against the teacher's distribution renormalized over them, rows whose
 teacher argmax lies outside weighing 0 (how the EAGLE-3 unroll trains its draft vocabulary,
-and what the drafter computes when it drafts over a draft vocabulary); total = sum_k step_weight**k * loss_k (0.8**k). The logits
+and what the drafter computes when it drafts over a draft vocabulary); total = sum_k
+step_weight**k * loss_k (0.8**k). The logits
 and their softmax are recomputed in backward (activation checkpointing per step), so only
 [B, T, d] states stay alive across steps, not [B, T, V] logits. Accuracy: head argmax ==
 target argmax over response rows.
