@@ -1,8 +1,11 @@
 """The adaptive speculation rule alone (`specdec.engine.adaptive`), with planted step times and
 acceptance histories: its estimates match hand computations, it speculates exactly when the
 expected tokens per second say so, it probes the other variant at doubling intervals (plain
-only while it could win at its warm-up time) and resets them when a probe flips the choice, and after a request's acceptance collapses it
-stops speculating within a bounded number of steps. Exact decision sequences are pinned."""
+only while it could win at its warm-up time) when the bucket's exploration budget covers the
+probe's predicted loss, resets the interval when a probe flips the choice, ages a request's
+evidence on plain steps, and after a request's acceptance collapses it stops speculating
+within a bounded number of steps. Exact decision sequences are pinned. (What the rule is worth
+at the H200's step times, on recorded acceptance: `test_adaptive_replay.py`.)"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specdec.engine.adaptive import DEFERRED, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
+from specdec.engine.adaptive import DEFERRED, EXPLORE_SHARE, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
 
 D = 4  # draft depth of the planted engine (a chain: N - 1 = 4 drafts)
 
@@ -181,44 +184,57 @@ def test_a_plain_probe_runs_while_the_plain_step_could_win_at_its_cheapest():
     """One draft accepted per step (E[tokens] ~2.02 per request), the speculative step 2 s at
     warm-up but 2.2 s live: the plain step, never run, is priced at its warm-up 1 s scaled
     by that drift (1.1 s), so speculating looks better (4.08 tokens in 2.2 s = 1.85/s against
-    2 in 1.1 s = 1.82/s); at its warm-up time plain would win (2.0/s), so after 4 steps it is
-    probed, runs in 1 s, and the rule switches to plain (speculative probes then at doubling
-    intervals)."""
+    2 in 1.1 s = 1.82/s); at its warm-up time plain would win (2.0/s), so it is probed once the
+    bucket's exploration budget (EXPLORE_SHARE of its step time, 5.5 ms a step) covers the
+    probe's predicted loss (1.1 - 2 x 2.2 / 4.08 = 22 ms): step 6. It runs in 1 s and the rule
+    switches to plain; a speculative probe would lose ~0.16 s, which the budget affords after
+    ~64 plain steps (step 67)."""
     rule = planted_rule(2.0, 1.0)
-    seq = drive(rule, [Req(), Req()], lambda step, i: 1, 40, bucket=4, spec_s=2.2, plain_s=1.0)
-    assert FIRST_INTERVAL == 4
-    assert seq == "SSSS" + "p" + "PPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" * 5
+    seq = drive(rule, [Req(), Req()], lambda step, i: 1, 80, bucket=4, spec_s=2.2, plain_s=1.0)
+    assert FIRST_INTERVAL == 4 and EXPLORE_SHARE == 0.0025
+    assert seq == "S" * 5 + "p" + "P" * 60 + "s" + "P" * 13
 
 
 def test_decision_sequence_when_drafts_are_never_accepted():
-    """Nothing accepted and a speculative step 1.5x the plain: the optimistic first step
-    speculates, then plain, with speculative probes at doubling intervals."""
+    """Nothing accepted and a speculative step 1.5x the plain: the optimistic start speculates
+    twice, then plain; a speculative probe runs only when the exploration budget (0.25% of the
+    time run) covers its predicted loss (1.5 s - E[tokens] x 1 s, ~0.23 s at first and more as
+    the estimate falls), so probes cost at most that share of the run: 7 in 1200 steps, not
+    the 8 the doubling schedule alone ran in the first 80 (each one step's worth of time lost
+    at 2 of 3 tokens)."""
     rule = planted_rule(1.5, 1.0)
-    seq = drive(rule, [Req()], lambda step, i: 0, 80, bucket=1, spec_s=1.5, plain_s=1.0)
-    assert seq == "S" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" * 32 + "s" + "P" * 15
-    assert rule.probes == 4
+    seq = drive(rule, [Req()], lambda step, i: 0, 1200, bucket=1, spec_s=1.5, plain_s=1.0)
+    gaps = [90, 134, 153, 163, 170, 175, 256]  # plain steps before each probe
+    assert seq == "SS" + "".join("P" * g + "s" for g in gaps) + "P" * 50
+    assert rule.probes == 7  # 3.5 s lost in 1202 s (each probe 0.5 s dearer than the plain step)
 
 
-def test_after_acceptance_collapses_mid_run_it_stops_speculating_within_six_steps():
+def test_after_acceptance_collapses_mid_run_it_stops_speculating_within_seven_steps():
     """Two requests accept every draft for 10 steps, then none: the per-request estimates
-    (forgetting 0.7 per step) fall below the break-even E[tokens] = 2 (speculative = 2x plain)
-    after six failed speculative steps; from then on only probes speculate. (No plain probe
+    (forgetting 0.7 per step, against two pseudo-observations of the pool) fall below the
+    break-even E[tokens] = 2 (speculative = 2x plain) after seven failed speculative steps. The
+    ten good steps saved 3 s each against plain, and that saving is the bucket's exploration
+    budget: speculative probes follow at the doubling schedule (4, then 8 plain steps), as a
+    bucket where speculation paid should check soon whether it pays again. (No plain probe
     while speculating: at 5 tokens per request it pays even against plain's warm-up time.)"""
     rule = planted_rule(2.0, 1.0)
     requests = [Req(), Req()]
     seq = drive(rule, requests, lambda step, i: D if step < 10 else 0, 40, bucket=4, spec_s=2.0, plain_s=1.0)
     assert seq[:10] == "S" * 10
-    assert seq[10:] == "S" * 6 + "PPPP" + "s" + "P" * 8 + "s" + "P" * 10
+    assert seq[10:] == "S" * 7 + "PPPP" + "s" + "P" * 8 + "s" + "P" * 9
     assert all(r.acceptance.expected_tokens(D) < 2.0 for r in requests)
 
 
 def test_a_probe_that_flips_the_choice_resets_the_interval():
-    """Plain at first (acceptance 0); from step 30 every draft would be accepted: the next
-    speculative probe (step 31) finds it and the rule switches to speculating for good (3.2
-    tokens per 1.5 s beat even plain's warm-up time, 1 token per 1 s: no plain probe follows)."""
+    """Plain at first (acceptance 0, nothing saved by speculating: no budget but the time
+    share); from step 30 every draft would be accepted: the first speculative probe the budget
+    affords (step 93) finds it and the rule switches to speculating for good (3.2 tokens per
+    1.5 s beat even plain's warm-up time, 1 token per 1 s: no plain probe follows). This is
+    the price of rare probes: a head that was never right is retried after ~90 steps here,
+    not 4."""
     rule = planted_rule(1.5, 1.0)
-    seq = drive(rule, [Req()], lambda step, i: 0 if step < 30 else D, 60, bucket=1, spec_s=1.5, plain_s=1.0)
-    assert seq == "S" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "S" * 28
+    seq = drive(rule, [Req()], lambda step, i: 0 if step < 30 else D, 200, bucket=1, spec_s=1.5, plain_s=1.0)
+    assert seq == "SS" + "P" * 90 + "s" + "S" * 107
 
 
 def test_buckets_keep_their_own_costs_and_probe_schedules():
@@ -282,13 +298,61 @@ def test_folded_in_later_the_estimates_equal_observing_at_once():
 
 def test_in_the_engines_order_choices_lag_one_step_and_a_speculative_probe_waits_for_its_acceptance():
     """The choice after a step reads estimates without that step (folded in while the next one
-    runs): the optimistic start speculates twice, a collapse shows one step later, and a
+    runs): the optimistic start speculates three times, a collapse shows one step later, and a
     speculative probe is judged once its acceptance is in (one plain step later): the probe at
-    step 32 finds every draft accepted, and speculation resumes at step 34 for good."""
+    step 135 finds every draft accepted, and speculation resumes at step 137 for good."""
     rule = planted_rule(1.5, 1.0)
-    seq = drive_like_the_engine(rule, [Req()], lambda step, i: 0 if step < 30 else D, 60, bucket=1, spec_s=1.5, plain_s=1.0)
-    assert seq == "SS" + "PPPP" + "s" + "P" * 8 + "s" + "P" * 16 + "s" + "P" + "S" * 26
+    seq = drive_like_the_engine(rule, [Req()], lambda step, i: 0 if step < 30 else D, 200, bucket=1, spec_s=1.5,
+                                plain_s=1.0)
+    assert seq == "SSS" + "P" * 131 + "s" + "P" + "S" * 64
     rule = planted_rule(2.0, 1.0)
     seq = drive_like_the_engine(rule, [Req(), Req()], lambda step, i: D if step < 10 else 0, 40, bucket=4,
                                 spec_s=2.0, plain_s=1.0)
-    assert seq == "S" * 17 + "PPPP" + "s" + "P" * 8 + "s" + "P" * 9
+    assert seq == "S" * 18 + "PPPP" + "s" + "P" * 8 + "s" + "P" * 8
+
+
+# ----------------------------------------------------------------------------- plain steps age the evidence
+def test_a_plain_step_ages_a_requests_evidence_back_to_the_pool():
+    """A request whose last drafts were all rejected, in a pool where most are accepted: each
+    plain step (`age`) multiplies its own counts by FORGET, so its estimate moves back to the
+    pool's; once the evidence has faded, ageing is a no-op (no cache invalidated)."""
+    pool = DepthAcceptance(D, 0.98)
+    for _ in range(20):
+        pool.observe(D, D)
+    request = DepthAcceptance(D, 0.7, prior=pool)
+    for _ in range(3):
+        request.observe(0, D)
+    collapsed = request.expected_tokens(D)
+    reached = request.reached[0]
+    request.age()
+    assert request.reached[0] == pytest.approx(0.7 * reached)
+    aged = [request.expected_tokens(D)]
+    for _ in range(30):
+        request.age()
+        aged.append(request.expected_tokens(D))
+    assert collapsed < aged[0] < aged[5] < aged[-1] == pytest.approx(pool.expected_tokens(D), rel=1e-3)
+    version = request.version
+    request.age()  # faded: nothing changes
+    assert request.version == version
+
+
+def test_the_requests_of_a_plain_step_age_when_the_step_is_folded_in():
+    rule = planted_rule(2.0, 1.0)
+    spec, idle = Req(), Req()
+    rule.observe_later([spec, idle], [0, 0])
+    rule.fold()
+    before = idle.acceptance.reached[0]
+    rule.observe_later([spec], [2], idle=[idle])
+    rule.fold()
+    assert idle.acceptance.reached[0] == pytest.approx(0.7 * before)
+    assert spec.acceptance.reached[0] == pytest.approx(0.7 * before + 1)
+
+
+def test_the_exploration_budget_grows_with_what_speculating_saved():
+    """Ten steps that each save 3 s against the plain rate leave 30 s (plus the time share) in
+    the bucket's budget; a probe's predicted loss comes out of it; a speculative step that
+    saved nothing adds only the share."""
+    rule = planted_rule(2.0, 1.0)
+    requests = [Req(), Req()]
+    drive(rule, requests, lambda step, i: D, 10, bucket=4, spec_s=2.0, plain_s=1.0)
+    assert rule._budget[4] == pytest.approx(10 * 3.0 + EXPLORE_SHARE * 10 * 2.0)

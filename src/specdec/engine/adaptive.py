@@ -17,9 +17,14 @@ costs what target-only steps cost. Per step it picks
 - **Tokens.** A plain step emits one token per running request. A speculative step emits
   `1 + sum_{d <= L} prod_{i <= d} p_i` per request, where p_i is the request's acceptance
   at depth i given depth i-1 was accepted, and L the depth its draft budget reaches
-  (`DepthAcceptance`, with exponential forgetting so a collapse shows within a few steps).
-  A request with no history borrows the engine-wide estimate (pooled over every request
-  served so far, optimistic before the first speculative step).
+  (`DepthAcceptance`: the request's own counts, forgetting 0.7 per step, against two
+  pseudo-observations of the engine-wide estimate, pooled over every request served so far
+  and optimistic before the first speculative step). Two, not one: replayed on recorded
+  SmolLM2 acceptance (`adaptive_replay`), one made a request that drew two short drafts look
+  collapsed (predicted 1.5-2 tokens where 2.5 followed) and chose plain steps that cost 2% at
+  batch 1 (`examples/bench_rule_replay.py`). A plain step observes nothing, so a request's own evidence fades on it (`age`) and
+  its estimate drifts back to the pool's: a request that collapsed on a bad stretch returns to
+  speculating on its own when the head is good elsewhere, and stays plain when it is not.
 - **Seconds.** The measured step time of that variant in that bucket (`StepCosts`): the
   median of its last live steps (host time, hand-off included), or, before it has run live,
   its warm-up time scaled by how far the live steps of the bucket's other variants ran from
@@ -27,10 +32,15 @@ costs what target-only steps cost. Per step it picks
 - **Exploration.** The variant that is not chosen gets no fresh measurements, so after
   `interval` steps of one variant in a bucket the other runs once (a probe). A probe that
   leaves the choice unchanged doubles that bucket's interval (up to `MAX_INTERVAL`), one
-  that flips it resets the interval: when the decision is clear, probes become rare. A
-  plain probe runs only while the plain step could win at its cheapest (its warm-up time,
-  which live steps do not undercut); speculative probes always run (they are also what
-  refreshes the acceptance estimates while plain steps are chosen).
+  that flips it resets the interval. A probe also has to be paid for: its predicted loss
+  (its seconds minus the time the chosen variant needs for its tokens) comes out of the
+  bucket's exploration budget, which grows by `EXPLORE_SHARE` of every step's time and by
+  the time each speculative step saved against the plain rate. So a bucket where speculation
+  has paid probes at the doubling schedule (and notices soon that it pays again), and one
+  where it never paid (a head that is never right) spends about 0.25% of its time on
+  probes (their predicted loss): on the H200 the doubling schedule alone ran 4-5 probes in ~130 steps at batch 4-16
+  on the 8B shape, 1.3-2.2% of the decode. A plain probe runs only while the plain step could
+  win at its cheapest (its warm-up time, which live steps do not undercut).
 - **When.** The engine folds a step's acceptance into the estimates right after it launches
   the next step (`observe_later`, then `fold`), so that per-request host work overlaps the
   device instead of idling it between steps; a choice therefore reads estimates one step old,
@@ -55,18 +65,23 @@ __all__ = ["AdaptiveRule", "Decision", "DecisionLog", "DepthAcceptance", "StepCo
 
 SPECULATIVE, PLAIN, DEFERRED = "speculative", "plain", "deferred"  # the step variants
 
-FORGET = 0.7  # a request's per-depth counts decay by this per speculative step (half-life ~2 steps)
+FORGET = 0.7  # a request's per-depth counts decay by this per step (half-life ~2 steps)
 POOL_FORGET = 0.98  # the engine-wide prior forgets slowly (half-life ~35 observations)
+FADED = 1e-3  # a request's decayed count at depth 1 below which its own evidence counts as gone
+PRIOR_WEIGHT = 2.0  # pseudo-observations of the engine-wide estimate in a request's own (the value best
+# calibrated on recorded SmolLM2 acceptance: examples/data/acceptance_*.jsonl, notes/gpu/issue22/ANALYSIS.md)
 WINDOW = 16  # live step times per (bucket, variant) the median is taken over
 FIRST_INTERVAL = 4  # steps of one variant before the other is probed, right after a flip
 MAX_INTERVAL = 256  # probes never get rarer than this
+EXPLORE_SHARE = 0.0025  # a bucket's exploration budget grows by this share of its step time (and by what speculating saved)
 
 
 class DepthAcceptance:
     """Per-depth acceptance of one request (or the pool): p_d = P(depth d accepted | d - 1 was).
 
-    Counts decay by `forget` per observation; `prior` (another `DepthAcceptance`, read at
-    query time) adds one pseudo-observation per depth, so a fresh estimate is the prior's.
+    Counts decay by `forget` per observation (and per `age`: a step that observed nothing);
+    `prior` (another `DepthAcceptance`, read at query time) adds PRIOR_WEIGHT pseudo-observations
+    per depth, so a fresh estimate is the prior's.
     Without a prior (the engine-wide pool) the pseudo-observation is 1 at depth 1 and, at a
     deeper depth, the estimate of the depth above: a head that is never accepted at depth 1
     has never been tried at depth 2, and is not presumed perfect there (which once made the
@@ -96,10 +111,24 @@ class DepthAcceptance:
         self._ps = None
         self.version += 1
 
+    def age(self) -> None:
+        """A step that drafted nothing for this request: its evidence fades by `forget` as if a
+        step had passed, so the estimate drifts back to its prior (the pool's) while nothing is
+        observed. Without it a request whose last few drafts were short kept its collapsed
+        estimate through every plain step until a probe. No-op once the evidence has faded."""
+        if self.reached[0] < FADED:
+            return
+        f = self.forget
+        self.reached = [f * r for r in self.reached]
+        self.accepted = [f * a for a in self.accepted]
+        self._ps = None
+        self.version += 1
+
     def probabilities(self) -> list[float]:
         """[p(1), ..., p(D)]: acceptance at each depth given the depth above was accepted."""
         if self.prior is not None:  # the prior may have moved since the last call: read it again
-            return [(a + q) / (r + 1.0) for a, q, r in zip(self.accepted, self.prior.probabilities(), self.reached)]
+            w = PRIOR_WEIGHT
+            return [(a + w * q) / (r + w) for a, q, r in zip(self.accepted, self.prior.probabilities(), self.reached)]
         if self._ps is None:
             ps: list[float] = []
             for d in range(self.depth):
@@ -201,8 +230,9 @@ class AdaptiveRule:
         self._interval: dict[int, int] = {}  # bucket -> steps before the next probe
         self._probed: dict[int, tuple[bool, int]] = {}  # bucket -> (the choice a pending probe went against, its step)
         self._step = 0  # choices made so far: step k is the k-th choice
+        self._budget: dict[int, float] = {}  # bucket -> seconds its probes may still lose (`choose`, `measured`)
         self._folded = 0  # the last step whose acceptance the estimates hold
-        self._pending: tuple[int, list] | None = None  # (step, [(request, accepted length)]) not folded in yet
+        self._pending: tuple[int, list, list] | None = None  # (step, [(request, accepted length)], [idle request])
 
     def depth_limit(self, request) -> int:
         """How deep `request`'s draft budget lets a step draft."""
@@ -237,7 +267,13 @@ class AdaptiveRule:
         probe = variant == best and run >= self._interval.get(bucket, FIRST_INTERVAL)
         if probe and best:  # a plain probe only while the plain step could win at its cheapest
             probe = self._plain_could_win(bucket, plain, tokens, seconds)
+        budget = self._budget.get(bucket, 0.0)
+        if probe:  # and only when the bucket's exploration budget covers what it is expected to lose
+            loss = seconds[not best] - tokens[not best] * seconds[best] / tokens[best]
+            probe = loss <= budget
+            budget -= loss if probe else 0.0
         choice = (not best) if probe else best
+        self._budget[bucket] = budget + EXPLORE_SHARE * seconds[choice]
         if probe:
             self._probed[bucket] = (best, self._step)
             self.probes += 1
@@ -271,7 +307,8 @@ class AdaptiveRule:
         self.estimate(request).observe(accept_length, limit)
         self.pool.observe(accept_length, limit)
 
-    def observe_later(self, requests: list, accept_lengths: list[int], step: int | None = None) -> None:
+    def observe_later(self, requests: list, accept_lengths: list[int], step: int | None = None,
+                      idle: list = ()) -> None:
         """After a step: keep its requests' accepted lengths for `fold()`, which the engine
         calls right after launching the next step, so this per-request host work (with the
         sums the next choice reads: ~400 us a step at batch 64 on a 2-core CPU,
@@ -279,20 +316,27 @@ class AdaptiveRule:
         H200 0.57 ms slower than a fixed chain's) runs while the device computes instead of
         between two steps. The choice made in between reads estimates one step old. A plain
         step passes no requests. `step`: the choice count at that step's choice (default the
-        latest: with overlapped steps the rule has chosen the next one already)."""
+        latest: with overlapped steps the rule has chosen the next one already). `idle`: the
+        requests of a plain step (their estimates age, `DepthAcceptance.age`)."""
         self.fold()  # never more than one step pending
-        self._pending = (self._step if step is None else step, list(zip(requests, accept_lengths, strict=True)))
+        self._pending = (self._step if step is None else step, list(zip(requests, accept_lengths, strict=True)),
+                         list(idle))
 
     def fold(self) -> None:
         """Fold the pending step's acceptance into the estimates and precompute each of its
         requests' expected tokens (the next choice then reads cached sums)."""
         if self._pending is None:
             return
-        step, observed = self._pending
+        step, observed, idle = self._pending
         self._pending = None
         for request, accept_length in observed:
             self._record(request, accept_length)
+        for request in idle:
+            if request.budget != 0 and request.acceptance is not None:
+                request.acceptance.age()
         for request, _ in observed:
+            self.expected_tokens(request)
+        for request in idle:
             self.expected_tokens(request)
         self._folded = step
 
@@ -304,6 +348,11 @@ class AdaptiveRule:
         decision = self.last if decision is None else decision
         if decision is not None:
             decision.measured_tokens, decision.measured_seconds = tokens, seconds
+            if decision.speculative and not decision.probe and decision.tokens[False] > 0:
+                # the time speculating saved against the plain step's predicted rate: a bucket
+                # where speculation pays may probe again soon after it stops paying
+                plain_rate = decision.tokens[False] / decision.seconds[False]
+                self._budget[bucket] = self._budget.get(bucket, 0.0) + max(0.0, tokens / plain_rate - seconds)
         self.done = decision
 
 

@@ -358,7 +358,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         speculative = variant == SPECULATIVE
         lengths = [row[0] for row in rows]
         emitted_total = 0  # tokens the step produced (before EOS / length cuts)
-        observed, observed_lengths = [], []  # the speculative step's requests and accepted lengths
+        observed, observed_lengths, idle = [], [], []  # a speculative step's requests and accepted lengths; a plain one's
         for slot, request in step.running:
             if request.status != RUNNING or self.slots[slot] is not request:
                 continue  # finished (or left) while the step was in flight: its rows are dropped
@@ -371,6 +371,8 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
             if self.adaptive and speculative:
                 observed.append(request)
                 observed_lengths.append(a)
+            elif self.adaptive:
+                idle.append(request)
             self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
             if self._path_len[slot] is None and slot not in ran_later:  # a later step's launch set it otherwise
                 self._path_len[slot] = a
@@ -393,7 +395,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         if self.adaptive:
             self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds, step.decision)
             chosen_at = None if step.decision is None else step.decision.step  # None: no choice recorded (forced)
-            self.adaptive_rule.observe_later(observed, observed_lengths, step=chosen_at)
+            self.adaptive_rule.observe_later(observed, observed_lengths, step=chosen_at, idle=idle)
         for obs in self.observers:
             obs.on_step(self, lengths)
 

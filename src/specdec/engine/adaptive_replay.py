@@ -1,0 +1,137 @@
+"""Replay the adaptive rule on recorded acceptance with planted step times: no model, no device.
+
+Why: on the GPU a decision's worth is buried in a whole run (prefill, admission, noise), and
+device time is scarce. Here the rule (`adaptive.AdaptiveRule`) decides every step of a
+continuous-batching run whose step times are given (seconds per variant, e.g. measured on the
+H200) and whose accepted lengths come from traces (each request's accepted length per
+speculative step, recorded from a run that always speculated). The rule is called in the
+engine's order (choose, fold the last step's acceptance after the launch, then the measured
+time and the acceptance of this step), and the plain step due is `deferred` while every path
+stays within the drafter's depth, else `plain` (the drafter ingests), as in the engine.
+
+A trace is consumed one entry per speculative step of its request: a plain step emits one
+token and leaves the trace where it is (the acceptance at a position one token later is not
+recorded; for a never-accepting head, a trace of zeros, the replay is exact).
+
+    run = replay(traces, StepTimes(spec=1.9e-3, plain=1.1e-3, deferred=1.05e-3), batch=1, new_tokens=128)
+    run.tokens_per_second / replay(..., policy="plain").tokens_per_second
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance
+
+__all__ = ["StepTimes", "ReplayRun", "replay", "POLICIES"]
+
+POLICIES = ("adaptive", "speculative", "plain", "target-only")  # the rule, always / never speculate, no drafter
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds of one step of each variant in the replayed bucket (one bucket: the batch)."""
+
+    spec: float
+    plain: float  # the plain step that runs the drafter's ingest
+    deferred: float  # the plain step that skips the drafter
+    target_only: float | None = None  # a target-only engine's step (no drafter at all), for the baseline
+
+    def __post_init__(self) -> None:
+        for name in ("spec", "plain", "deferred") + (() if self.target_only is None else ("target_only",)):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"StepTimes.{name}={getattr(self, name)} must be > 0 seconds")
+
+    def of(self, variant: str) -> float:
+        return {SPECULATIVE: self.spec, PLAIN: self.plain, DEFERRED: self.deferred}[variant]
+
+
+@dataclass
+class _Request:
+    trace: list[int]
+    left: int  # tokens still to emit
+    budget: int
+    acceptance: DepthAcceptance | None = None  # the rule's estimate (set by the rule)
+    at: int = 0  # the next trace entry
+    path: int | None = 0  # rows of the path the drafter has not ingested, - 1 (None: unknown)
+
+
+@dataclass
+class ReplayRun:
+    """What one replay did: tokens, seconds, and steps per variant (probes among them)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: dict[str, int] = field(default_factory=lambda: {SPECULATIVE: 0, PLAIN: 0, DEFERRED: 0})
+    probes: int = 0
+    rule: AdaptiveRule | None = None  # the adaptive rule after the run (pass it to a later replay: warm estimates)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens: int, depth: int = 5,
+           policy: str = "adaptive", requests: int | None = None, rule: AdaptiveRule | None = None) -> ReplayRun:
+    """Serve `requests` requests (default one per trace; trace i % len(traces) for request i),
+    `new_tokens` each, `batch` at a time (a finished request's slot refills at once), one chain
+    drafter of `depth`. `policy`: "adaptive" (the rule), "speculative" or "plain" (fixed), or
+    "target-only" (one token per request per step of `times.target_only` seconds).
+    `rule`: an adaptive rule to go on with (e.g. `ReplayRun.rule` of a warm-up replay, as the
+    engine's rule has seen its warm-up requests before a timed run); default a fresh one."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r}; allowed: {POLICIES}")
+    if policy == "target-only" and times.target_only is None:
+        raise ValueError("policy='target-only' needs StepTimes.target_only")
+    if not traces or any(not t for t in traces):
+        raise ValueError("every trace needs at least one accepted length")
+    if any(not 0 <= a <= depth for t in traces for a in t):
+        raise ValueError(f"accepted lengths must lie in [0, depth={depth}]")
+    if batch < 1 or new_tokens < 1:
+        raise ValueError(f"batch={batch} and new_tokens={new_tokens} must be >= 1")
+    total = len(traces) if requests is None else requests
+    queue = [_Request(traces[i % len(traces)], new_tokens, depth) for i in range(total)]
+    queue.reverse()
+    if rule is None:
+        rule = AdaptiveRule(depth, chain=True, full_budget=depth)
+    elif rule.max_depth != depth:
+        raise ValueError(f"the rule drafts to depth {rule.max_depth}, the replay to depth={depth}")
+    for variant in (SPECULATIVE, PLAIN, DEFERRED):  # warm-up times: the planted ones
+        rule.costs.record(batch, variant, [times.of(variant)])
+    run, running = ReplayRun(rule=rule if policy == "adaptive" else None), []
+    while queue or running:
+        while queue and len(running) < batch:
+            running.append(queue.pop())
+        can_defer = all(r.path is not None and r.path + 1 <= depth for r in running)
+        plain = DEFERRED if can_defer else PLAIN
+        if policy == "adaptive":
+            speculative = rule.choose(batch, running, plain)
+            run.probes += rule.last.probe
+            rule.fold()  # the engine folds the last step's acceptance right after the launch
+        else:
+            speculative = policy == "speculative"
+        variant = SPECULATIVE if speculative else plain
+        emitted, observed, lengths, idle = 0, [], [], []
+        for r in running:
+            if speculative:
+                a = r.trace[r.at % len(r.trace)]  # observed as accepted; the tokens past `left` are cut
+                r.at += 1
+                r.path = a
+                observed.append(r)
+                lengths.append(a)
+            else:
+                a = 0
+                r.path = r.path + 1 if variant == DEFERRED else 0
+                idle.append(r)
+            out = min(a + 1, r.left)
+            r.left -= out
+            emitted += out
+        seconds = times.target_only if policy == "target-only" else times.of(variant)
+        run.tokens += emitted
+        run.seconds += seconds
+        run.steps[variant] += 1
+        if policy == "adaptive":
+            rule.measured(batch, variant, emitted, seconds)
+            rule.observe_later(observed, lengths, idle=idle)
+        running = [r for r in running if r.left > 0]
+    return run
