@@ -259,3 +259,19 @@ def test_forced_verifier_bonus_is_the_argmax_at_the_last_accepted_node(accept_al
         assert acc.accept_nodes[b].tolist() == list(range(a + 1)) + [-1] * (N - a - 1)
         bonus = int(logits[b, a].argmax())
         assert acc.accept_tokens[b].tolist() == tokens[b, 1 : a + 1].tolist() + [bonus] + [-1] * (N - a - 1)
+
+
+def test_bench_rule_replay_compares_every_policy_and_the_rule_before():
+    """examples/bench_rule_replay.py: every policy on the same requests, the rule at 32cbac7
+    beside today's, and the module's constants restored after the old rule ran."""
+    import bench_rule_replay as bench
+
+    from specdec.engine import adaptive
+
+    before = (adaptive.EXPLORE_SHARE, adaptive.PRIOR_WEIGHT, adaptive.FADED)
+    traces = bench.load_traces(bench.TRACES["smollm2"])
+    assert len(traces) == 68 and all(0 <= a <= 5 for t in traces for a in t)
+    runs = bench.compare(traces[:4], bench.PRESETS[("smollm2", 4)], batch=4, new_tokens=16, requests=8)
+    assert set(runs) == {"speculative", "plain", "target-only", "adaptive", "before"}
+    assert {r.tokens for r in runs.values()} == {8 * 16}
+    assert (adaptive.EXPLORE_SHARE, adaptive.PRIOR_WEIGHT, adaptive.FADED) == before
