@@ -76,7 +76,7 @@ def test_a_never_accepted_drafter_runs_plain_steps_and_an_oracle_speculates(targ
         _run(dec, n=60)
     n_spec, n_plain = never.engine.adaptive_rule.decisions[True], never.engine.adaptive_rule.decisions[False]
     # 5 prompts x 60 tokens on 2 slots: ~150 plain steps; speculative: the first (optimistic)
-    # steps and the probes, whose interval doubles from 4 while they keep confirming plain
+    # steps and the probes (rare: paid from the bucket's exploration budget, `adaptive.py`)
     assert n_plain > 10 * n_spec, never.engine.adaptive_rule.decisions
     o_spec, o_plain = oracle.engine.adaptive_rule.decisions[True], oracle.engine.adaptive_rule.decisions[False]
     assert o_plain <= never.engine.adaptive_rule.probes and o_spec > 6 * o_plain, oracle.engine.adaptive_rule.decisions
