@@ -107,7 +107,7 @@ def compare(traces: list[list[int]], times: StepTimes, batch: int, new_tokens: i
     per request, as `bench_batch.py`'s decoders serve before they are timed)."""
     kw = dict(batch=batch, new_tokens=new_tokens, requests=requests)
     warm = replay(traces, times, policy="adaptive", **dict(kw, new_tokens=8))
-    runs = {p: replay(traces, times, policy=p, **kw) for p in ("speculative", "plain", "target-only")}
+    runs = {p: replay(traces, times, policy=p, **kw) for p in ("always", "never", "no-drafter")}
     runs["adaptive"] = replay(traces, times, policy="adaptive", rule=warm.rule, **kw)
     with rule_before():
         warm = replay(traces, times, policy="adaptive", **dict(kw, new_tokens=8))
@@ -133,11 +133,11 @@ def main() -> None:
         runs = compare(traces, times, batch, new_tokens, requests)
         rate = {k: r.tokens_per_second for k, r in runs.items()}
         a = runs["adaptive"]
-        best = max(rate["speculative"], rate["target-only"])
+        best = max(rate["always"], rate["no-drafter"])
         # against the best fixed choice on the engine's own steps: what the decisions are worth
-        fixed_best = max(rate["speculative"], rate["plain"])
-        rows.append([target, batch, f"{rate['target-only']:.0f}", f"{rate['speculative']:.0f}", f"{rate['adaptive']:.0f}",
-                     f"{rate['adaptive'] / rate['target-only']:.3f}x", f"{rate['adaptive'] / best:.3f}x",
+        fixed_best = max(rate["always"], rate["never"])
+        rows.append([target, batch, f"{rate['no-drafter']:.0f}", f"{rate['always']:.0f}", f"{rate['adaptive']:.0f}",
+                     f"{rate['adaptive'] / rate['no-drafter']:.3f}x", f"{rate['adaptive'] / best:.3f}x",
                      f"**{rate['adaptive'] / fixed_best:.3f}x**", f"{rate['before'] / fixed_best:.3f}x",
                      f"{a.steps['speculative']} : {a.steps['deferred']} + {a.steps['plain']} ({a.probes})"])
     log(markdown_table(["target", "batch", "target-only tok/s", "fixed tok/s", "adaptive tok/s",

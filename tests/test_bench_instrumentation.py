@@ -272,6 +272,6 @@ def test_bench_rule_replay_compares_every_policy_and_the_rule_before():
     traces = bench.load_traces(bench.TRACES["smollm2"])
     assert len(traces) == 68 and all(0 <= a <= 5 for t in traces for a in t)
     runs = bench.compare(traces[:4], bench.PRESETS[("smollm2", 4)], batch=4, new_tokens=16, requests=8)
-    assert set(runs) == {"speculative", "plain", "target-only", "adaptive", "before"}
+    assert set(runs) == {"always", "never", "no-drafter", "adaptive", "before"}
     assert {r.tokens for r in runs.values()} == {8 * 16}
     assert (adaptive.EXPLORE_SHARE, adaptive.PRIOR_WEIGHT, adaptive.FADED) == before

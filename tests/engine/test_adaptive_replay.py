@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.engine.adaptive import EXPLORE_SHARE
+from specdec.engine.adaptive import DEFERRED, EXPLORE_SHARE, PLAIN, SPECULATIVE
 from specdec.engine.adaptive_replay import StepTimes, replay
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -40,21 +40,21 @@ def warm_then_timed(traces, times, **kw):
 # ----------------------------------------------------------------------------- bookkeeping
 def test_fixed_policies_emit_every_token_in_the_steps_they_should():
     times = StepTimes(3.0, 2.0, 1.0, 0.5)
-    plain = replay([[0]], times, batch=2, new_tokens=12, requests=3, policy="plain")
+    plain = replay([[0]], times, batch=2, new_tokens=12, requests=3, policy="never")
     assert plain.tokens == 36
     # 3 requests, 2 slots: 12 steps for two, then 12 for the third; a path holds D + 1 = 6 rows,
     # so every 6th step of a request ingests (plain), the rest defer
-    assert plain.steps == {"speculative": 0, "plain": 4, "deferred": 20}
+    assert plain.steps == {SPECULATIVE: 0, PLAIN: 4, DEFERRED: 20}
     assert plain.seconds == 4 * 2.0 + 20 * 1.0
-    spec = replay([[5]], times, batch=2, new_tokens=12, requests=3, policy="speculative")
-    assert spec.tokens == 36 and spec.steps["speculative"] == 4  # 6 tokens a step: 2 steps each, 2 rounds
-    only = replay([[5]], times, batch=2, new_tokens=12, requests=3, policy="target-only")
+    spec = replay([[5]], times, batch=2, new_tokens=12, requests=3, policy="always")
+    assert spec.tokens == 36 and spec.steps[SPECULATIVE] == 4  # 6 tokens a step: 2 steps each, 2 rounds
+    only = replay([[5]], times, batch=2, new_tokens=12, requests=3, policy="no-drafter")
     assert only.tokens == 36 and only.seconds == 24 * 0.5
 
 
 def test_a_speculative_step_cut_by_max_new_tokens_emits_only_what_is_left():
-    run = replay([[5]], StepTimes(1.0, 1.0, 1.0), batch=1, new_tokens=8, policy="speculative")
-    assert run.tokens == 8 and run.steps["speculative"] == 2  # 6, then 2 of 6
+    run = replay([[5]], StepTimes(1.0, 1.0, 1.0), batch=1, new_tokens=8, policy="always")
+    assert run.tokens == 8 and run.steps[SPECULATIVE] == 2  # 6, then 2 of 6
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -62,7 +62,7 @@ def test_a_speculative_step_cut_by_max_new_tokens_emits_only_what_is_left():
     (dict(traces=[[6]]), r"\[0, depth=5\]"),
     (dict(traces=[[]]), "at least one"),
     (dict(batch=0), "batch=0"),
-    (dict(policy="target-only", times=StepTimes(1.0, 1.0, 1.0)), "target_only"),
+    (dict(policy="no-drafter", times=StepTimes(1.0, 1.0, 1.0)), "target_only"),
 ])
 def test_bad_arguments_are_errors_that_name_them(kw, match):
     args = dict(traces=[[1]], times=StepTimes(1.0, 1.0, 1.0, 1.0), batch=1, new_tokens=4)
@@ -85,11 +85,11 @@ def test_with_a_head_never_right_probes_cost_at_most_the_exploration_share(times
     batch 16, 0.968x at 64 here; on the H200 at 32cbac7 4-5 probes cost batch 4 and 16
     1.3-2.2%: `notes/gpu/issue22/bench_8b_none_4_16_32cbac7.log`.)"""
     kw = dict(batch=batch, new_tokens=64, requests=2 * batch)
-    plain = replay([[0]], times, policy="plain", **kw)
+    plain = replay([[0]], times, policy="never", **kw)
     adaptive = warm_then_timed([[0]], times, **kw)
     assert adaptive.tokens == plain.tokens
     assert adaptive.tokens_per_second >= (1 - EXPLORE_SHARE - 0.002) * plain.tokens_per_second
-    assert adaptive.steps["speculative"] <= 1
+    assert adaptive.steps[SPECULATIVE] <= 1
 
 
 @pytest.mark.parametrize("times, batch", [(SMOLLM2_B1, 1), (SMOLLM2_B16, 16)])
@@ -100,5 +100,5 @@ def test_with_the_shipped_head_it_is_within_one_percent_of_the_better_fixed_choi
     against one pseudo-observation of the pool instead of two, 0.985x the fixed chain)."""
     traces = smollm2_traces()
     kw = dict(batch=batch, new_tokens=128, requests=max(len(traces), 2 * batch))
-    best = max(replay(traces, times, policy=p, **kw).tokens_per_second for p in ("speculative", "plain"))
+    best = max(replay(traces, times, policy=p, **kw).tokens_per_second for p in ("always", "never"))
     assert warm_then_timed(traces, times, **kw).tokens_per_second >= 0.99 * best

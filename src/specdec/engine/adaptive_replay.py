@@ -14,7 +14,7 @@ token and leaves the trace where it is (the acceptance at a position one token l
 recorded; for a never-accepting head, a trace of zeros, the replay is exact).
 
     run = replay(traces, StepTimes(spec=1.9e-3, plain=1.1e-3, deferred=1.05e-3), batch=1, new_tokens=128)
-    run.tokens_per_second / replay(..., policy="plain").tokens_per_second
+    run.tokens_per_second / replay(..., policy="never").tokens_per_second
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptanc
 
 __all__ = ["StepTimes", "ReplayRun", "replay", "POLICIES"]
 
-POLICIES = ("adaptive", "speculative", "plain", "target-only")  # the rule, always / never speculate, no drafter
+POLICIES = ("adaptive", "always", "never", "no-drafter")  # the rule; always / never speculate; a target-only engine
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,15 @@ def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens:
            policy: str = "adaptive", requests: int | None = None, rule: AdaptiveRule | None = None) -> ReplayRun:
     """Serve `requests` requests (default one per trace; trace i % len(traces) for request i),
     `new_tokens` each, `batch` at a time (a finished request's slot refills at once), one chain
-    drafter of `depth`. `policy`: "adaptive" (the rule), "speculative" or "plain" (fixed), or
-    "target-only" (one token per request per step of `times.target_only` seconds).
+    drafter of `depth`. `policy`: "adaptive" (the rule), "always" or "never" (speculate on every
+    step, or on none: the plain steps), or "no-drafter" (a target-only engine: one token per
+    request per step of `times.target_only` seconds).
     `rule`: an adaptive rule to go on with (e.g. `ReplayRun.rule` of a warm-up replay, as the
     engine's rule has seen its warm-up requests before a timed run); default a fresh one."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}; allowed: {POLICIES}")
-    if policy == "target-only" and times.target_only is None:
-        raise ValueError("policy='target-only' needs StepTimes.target_only")
+    if policy == "no-drafter" and times.target_only is None:
+        raise ValueError("policy='no-drafter' needs StepTimes.target_only")
     if not traces or any(not t for t in traces):
         raise ValueError("every trace needs at least one accepted length")
     if any(not 0 <= a <= depth for t in traces for a in t):
@@ -109,7 +110,7 @@ def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens:
             run.probes += rule.last.probe
             rule.fold()  # the engine folds the last step's acceptance right after the launch
         else:
-            speculative = policy == "speculative"
+            speculative = policy == "always"
         variant = SPECULATIVE if speculative else plain
         emitted, observed, lengths, idle = 0, [], [], []
         for r in running:
@@ -126,7 +127,7 @@ def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens:
             out = min(a + 1, r.left)
             r.left -= out
             emitted += out
-        seconds = times.target_only if policy == "target-only" else times.of(variant)
+        seconds = times.target_only if policy == "no-drafter" else times.of(variant)
         run.tokens += emitted
         run.seconds += seconds
         run.steps[variant] += 1
