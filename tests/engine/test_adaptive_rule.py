@@ -356,3 +356,23 @@ def test_the_exploration_budget_grows_with_what_speculating_saved():
     requests = [Req(), Req()]
     drive(rule, requests, lambda step, i: D, 10, bucket=4, spec_s=2.0, plain_s=1.0)
     assert rule._budget[4] == pytest.approx(10 * 3.0 + EXPLORE_SHARE * 10 * 2.0)
+
+
+def test_the_sum_folded_beside_the_device_is_the_sum_the_choice_would_make():
+    """`fold` sums the step's expected tokens for the next choice; a choice over the same
+    requests reads it, over others (a request came or went) sums afresh, and an observation at
+    once drops it."""
+    rule = planted_rule(2.0, 1.0)
+    a, b, c = Req(), Req(), Req(budget=2)
+    rule.observe_later([a, b, c], [3, 0, 2])
+    rule.fold()
+    want = sum(rule.expected_tokens(r) for r in (a, b, c))
+    assert rule._summed[1] == pytest.approx(want)
+    rule.choose(4, [a, b, c])
+    assert rule.last.tokens[True] == pytest.approx(want)
+    rule.choose(4, [a, c])  # b finished
+    assert rule.last.tokens[True] == pytest.approx(rule.expected_tokens(a) + rule.expected_tokens(c))
+    rule.observe(a, 0)
+    assert rule._summed is None
+    rule.choose(4, [a, b, c])
+    assert rule.last.tokens[True] == pytest.approx(sum(rule.expected_tokens(r) for r in (a, b, c)))

@@ -244,6 +244,7 @@ class AdaptiveRule:
         self._step = 0  # choices made so far: step k is the k-th choice
         self._budget: dict[int, float] = {}  # bucket -> seconds its probes may still lose (`choose`, `measured`)
         self._folded = 0  # the last step whose acceptance the estimates hold
+        self._summed: tuple[list, float] | None = None  # (requests, sum of their expected tokens) at the last fold
         self._pending: tuple[int, list, list] | None = None  # (step, [(request, accepted length)], [idle request])
 
     def depth_limit(self, request) -> int:
@@ -266,7 +267,12 @@ class AdaptiveRule:
         """True: run the speculative step for `running` (the requests in `bucket`); False: the
         plain step that is due (`plain`: PLAIN, or DEFERRED while the drafter may skip)."""
         self._step += 1
-        tokens = {True: sum(self.expected_tokens(r) for r in running), False: float(len(running))}
+        summed = self._summed  # the last folded step's requests and their expected tokens, summed beside the device
+        if summed is not None and len(summed[0]) == len(running) and all(a is b for a, b in zip(summed[0], running)):
+            spec_tokens = summed[1]
+        else:  # requests came or went since
+            spec_tokens = sum(self.expected_tokens(r) for r in running)
+        tokens = {True: spec_tokens, False: float(len(running))}
         seconds = {True: self.costs(bucket, SPECULATIVE), False: self.costs(bucket, plain)}
         best = tokens[True] / seconds[True] > tokens[False] / seconds[False]
         # once a probe's outcome is in (a plain probe's time at once, a speculative one's
@@ -309,6 +315,7 @@ class AdaptiveRule:
         if request.budget == 0:
             return
         self._record(request, accept_length)
+        self._summed = None  # the sums folded in last no longer hold
         self._folded = self._step
 
     def _record(self, request, accept_length: int) -> None:
@@ -346,10 +353,8 @@ class AdaptiveRule:
         for request in idle:
             if request.budget != 0 and request.acceptance is not None:
                 request.acceptance.age()
-        for request, _ in observed:
-            self.expected_tokens(request)
-        for request in idle:
-            self.expected_tokens(request)
+        requests = [request for request, _ in observed] + idle  # one of the two is empty: the step's requests
+        self._summed = (requests, sum(self.expected_tokens(r) for r in requests))
         self._folded = step
 
     def measured(self, bucket: int, variant: str, tokens: int, seconds: float, decision: "Decision | None" = None) -> None:
