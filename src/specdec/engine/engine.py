@@ -309,9 +309,9 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         """Reserve, choose and launch the device step for the running requests (no host sync),
         and queue its hand-off copy; `pending`: the step still in flight, if any."""
         t0 = time.perf_counter()
-        self._reserve_ahead()
+        self._reserve_ahead()  # (it may preempt: the running requests are read after it)
         b = self._bucket()
-        running = [r for r in self.running() if r.slot < b]
+        running = self.running()  # all below b: the bucket holds every running slot
         variant = SPECULATIVE
         if self.adaptive:
             plain = DEFERRED if self._can_defer(running) else PLAIN
@@ -328,16 +328,10 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         host.copy_(self.state.handoff[:b], non_blocking=event is not None)
         if event is not None:
             event.record()
-        if variant == DEFERRED:
-            for r in running:
-                self._path_len[r.slot] += 1
-        elif variant == PLAIN:
-            for r in running:
-                self._path_len[r.slot] = 0
-        else:  # the accepted length, known at the hand-off
-            for r in running:
-                self._path_len[r.slot] = None
-        if self.adaptive:  # the last step's acceptance, folded in while the device runs this one
+        if self.adaptive:  # the paths a deferred step may extend (`_can_defer`), then the last
+            path_len = self._path_len  # step's acceptance, folded in while the device runs this one
+            for r in running:  # the accepted length of a speculative step is known at the hand-off
+                path_len[r.slot] = path_len[r.slot] + 1 if variant == DEFERRED else 0 if variant == PLAIN else None
             self.adaptive_rule.fold()
         decision = self.adaptive_rule.last if self.adaptive else None
         return _Inflight(b, variant, [(r.slot, r) for r in running], host, event, decision,
@@ -359,23 +353,26 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         lengths = [row[0] for row in rows]
         emitted_total = 0  # tokens the step produced (before EOS / length cuts)
         observed, observed_lengths, idle = [], [], []  # a speculative step's requests and accepted lengths; a plain one's
-        for slot, request in step.running:
-            if request.status != RUNNING or self.slots[slot] is not request:
+        slots, adaptive, host_drafter, path_len = self.slots, self.adaptive, self.host_drafter, self._path_len
+        for slot, request in step.running:  # per request, only what this engine reads (~1.7 us each at batch 64)
+            if request.status != RUNNING or slots[slot] is not request:
                 continue  # finished (or left) while the step was in flight: its rows are dropped
             a = lengths[slot]
             emitted = rows[slot][1 : a + 2]
             request.committed += a + 1
             request.accepted_per_step.append(a)
             request.budget_per_step.append(request.budget if speculative else 0)
-            emitted_total += len(emitted)
-            if self.adaptive and speculative:
-                observed.append(request)
-                observed_lengths.append(a)
-            elif self.adaptive:
-                idle.append(request)
-            self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
-            if self._path_len[slot] is None and slot not in ran_later:  # a later step's launch set it otherwise
-                self._path_len[slot] = a
+            emitted_total += a + 1
+            if adaptive:
+                if speculative:
+                    observed.append(request)
+                    observed_lengths.append(a)
+                else:
+                    idle.append(request)
+                if path_len[slot] is None and slot not in ran_later:  # a later step's launch set it otherwise
+                    path_len[slot] = a
+            if host_drafter:  # what the host drafter drafts from next
+                self._last_accept[slot], self._last_tokens[slot], self._roots[slot] = a, emitted, emitted[-1]
             self._emit(request, emitted)
         t_end = time.perf_counter()
         # a step's seconds: from when the device could start it (its launch, or the end of the

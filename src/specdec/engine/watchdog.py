@@ -41,20 +41,22 @@ class ProgressWatchdog:
     def check(self, slots: list[RequestState | None], waiting) -> list[tuple[RequestState, str]]:
         self.iteration += 1
         stalled = []
-        holders = [r for r in slots if r is not None and r.status in self.limits]
+        limits, marks, iteration = self.limits, self._marks, self.iteration
+        holders = [r for r in slots if r is not None and r.status in limits]
         for r in holders:
             mark = (r.status, len(r.token_ids), r.prefilled, r.slot)
-            seen = self._marks.get(r.id)
+            seen = marks.get(r.id)
             if seen is None or seen[0] != mark:
-                self._marks[r.id] = (mark, self.iteration)
+                marks[r.id] = (mark, iteration)
                 continue
-            limit = self.limits[r.status]
-            if self.iteration - seen[1] >= limit:
+            limit = limits[r.status]
+            if iteration - seen[1] >= limit:
                 stalled.append((r, f"request {r.id} in slot {r.slot} made no progress in {limit} engine iterations "
                                    f"({r.status}, {len(r.token_ids)} tokens, {r.prefilled} prompt positions prefilled); "
                                    "failed instead of hanging (an engine bug)"))
-        live = {r.id for r in holders}
-        self._marks = {k: v for k, v in self._marks.items() if k in live}
+        if len(marks) > len(holders):  # some request left: drop its mark (every holder has one now)
+            live = {r.id for r in holders}
+            self._marks = {k: v for k, v in marks.items() if k in live}
         if waiting and not any(r is not None for r in slots):
             head = waiting[0]
             if self._idle_head is None or self._idle_head[0] != head.id:
