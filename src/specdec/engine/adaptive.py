@@ -59,7 +59,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
-from operator import mul
+from operator import is_, mul
 
 __all__ = ["AdaptiveRule", "Decision", "DecisionLog", "DepthAcceptance", "StepCosts", "SPECULATIVE", "PLAIN", "DEFERRED"]
 
@@ -199,7 +199,7 @@ class StepCosts:
         return [(b, {v: self(b, v) for bb, v in keys if bb == b}) for b in sorted({b for b, _ in keys})]
 
 
-@dataclass
+@dataclass(slots=True)  # one per step: slots make it cheaper to build on the host's critical path
 class Decision:
     """One step's choice: the inputs, the prediction, and (after the step) what happened."""
 
@@ -268,7 +268,7 @@ class AdaptiveRule:
         plain step that is due (`plain`: PLAIN, or DEFERRED while the drafter may skip)."""
         self._step += 1
         summed = self._summed  # the last folded step's requests and their expected tokens, summed beside the device
-        if summed is not None and len(summed[0]) == len(running) and all(a is b for a, b in zip(summed[0], running)):
+        if summed is not None and len(summed[0]) == len(running) and all(map(is_, summed[0], running)):
             spec_tokens = summed[1]
         else:  # requests came or went since
             spec_tokens = sum(self.expected_tokens(r) for r in running)
