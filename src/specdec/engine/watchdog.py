@@ -14,6 +14,11 @@ chunk at a time (plus 3); and a queue whose head stays the same, not admitted, w
 request holds a slot (nothing will ever free one) 3. (Requests that finish in the iteration
 that admits them, e.g. `max_new_tokens=1`, leave every slot free at each check while the
 queue drains: the head changes, so that is progress.)
+
+The scan runs every `CHECK_EVERY` iterations, not every one: it visits every slot, and the
+engine's host work between two steps is on the critical path (at batch 64 the scan was ~20 us of
+a ~180 us iteration on a 2-core CPU, ~3x that on the H200's host). A change is dated at the
+scan that sees it, so a stall is reported at most CHECK_EVERY - 1 iterations after its bound.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .request import PREFILLING, RUNNING, RequestState
 __all__ = ["ProgressWatchdog"]
 
 RUNNING_LIMIT = 3
+CHECK_EVERY = 3  # iterations between two scans
 
 
 class ProgressWatchdog:
@@ -40,6 +46,8 @@ class ProgressWatchdog:
 
     def check(self, slots: list[RequestState | None], waiting) -> list[tuple[RequestState, str]]:
         self.iteration += 1
+        if self.iteration % CHECK_EVERY:
+            return []
         stalled = []
         limits, marks, iteration = self.limits, self._marks, self.iteration
         holders = [r for r in slots if r is not None and r.status in limits]
