@@ -206,7 +206,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         self._touched_ids = set()
         self._admit()
         self._advance_prefills()
-        if self.running() or self._inflight is not None:
+        if self.scheduler.has_running() or self._inflight is not None:
             try:
                 self.step()
             except Exception as err:  # the step's requests fail; everything else goes on
@@ -281,18 +281,18 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         """One speculative step for every running request, ending in the token hand-off. With
         `overlap`, the next step is launched first and the previous one's hand-off is read
         after it: a call emits the tokens of the step launched by the call before."""
-        if self.cuda_graphs and not self.warmed and self.running():
+        if self.cuda_graphs and not self.warmed and self.scheduler.has_running():
             raise RuntimeError("CUDA graphs are on but not captured: call warmup() before admitting requests")
         if self._overlapping():
             pending = self._inflight  # still in flight while the next is reserved and launched
-            self._inflight = self._begin(pending) if self.running() else None
+            self._inflight = self._begin(pending) if self.scheduler.has_running() else None
             if pending is not None:
                 self._complete(pending)
             return
         if self._inflight is not None:  # overlap switched off, or a request is near its end: drain first
             pending, self._inflight = self._inflight, None
             self._complete(pending)
-        if self.running():
+        if self.scheduler.has_running():
             self._complete(self._begin(None))
 
     def _overlapping(self) -> bool:

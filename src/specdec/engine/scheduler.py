@@ -61,6 +61,10 @@ class Scheduler:
     def has_requests(self) -> bool:
         return bool(self.waiting) or any(r is not None for r in self.slots)
 
+    def has_running(self) -> bool:
+        """Whether any request runs (stops at the first: `running()` builds the whole list)."""
+        return any(r is not None and r.status == RUNNING for r in self.slots)
+
     # ------------------------------------------------------------------ queue and slots
     def enqueue(self, request: RequestState, *, front: bool = False) -> None:
         self.waiting.appendleft(request) if front else self.waiting.append(request)
