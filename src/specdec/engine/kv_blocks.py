@@ -27,11 +27,12 @@ class KVBlocks:
         every request, 2-core CPU)."""
         ahead = self.lookahead * (1 + self.config.schedule.kv_lookahead_steps)
         reach = self.lookahead * (2 if self._inflight is not None else 1)  # a step in flight advances up to N
-        needs = ((r, min(r.committed + reach, r.max_positions)) for r in self.running())
-        short = [(r, need) for r, need in needs if self._backed[r.slot] < need]
-        for r, need in sorted(short, key=lambda pair: pair[0].admitted):  # the oldest are served first
+        backed = self._backed
+        short = [r for r in self.running() if backed[r.slot] < min(r.committed + reach, r.max_positions)]
+        for r in sorted(short, key=lambda r: r.admitted):  # the oldest are served first
             if r.status != RUNNING:
                 continue  # preempted for an older request in this loop
+            need = min(r.committed + reach, r.max_positions)
             if self.runner.capacity(r.slot) < need:
                 self._grow(r, need, ahead)
             self._backed[r.slot] = self.runner.capacity(r.slot)
