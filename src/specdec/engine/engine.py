@@ -328,11 +328,17 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         host.copy_(self.state.handoff[:b], non_blocking=event is not None)
         if event is not None:
             event.record()
-        if self.adaptive:  # the paths a deferred step may extend (`_can_defer`), then the last
-            path_len = self._path_len  # step's acceptance, folded in while the device runs this one
-            for r in running:  # the accepted length of a speculative step is known at the hand-off
-                path_len[r.slot] = path_len[r.slot] + 1 if variant == DEFERRED else 0 if variant == PLAIN else None
-            self.adaptive_rule.fold()
+        if self.adaptive:  # the paths a deferred step may extend (`_can_defer`)
+            if variant == DEFERRED:
+                for r in running:
+                    self._path_len[r.slot] += 1
+            elif variant == PLAIN:
+                for r in running:
+                    self._path_len[r.slot] = 0
+            else:  # the accepted length, known at the hand-off
+                for r in running:
+                    self._path_len[r.slot] = None
+            self.adaptive_rule.fold()  # the last step's acceptance, folded in while the device runs this one
         decision = self.adaptive_rule.last if self.adaptive else None
         return _Inflight(b, variant, [(r.slot, r) for r in running], host, event, decision,
                          pending is not None, t0, t_launch, t_launched, time.perf_counter())
@@ -352,7 +358,8 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         speculative = variant == SPECULATIVE
         lengths = [row[0] for row in rows]
         emitted_total = 0  # tokens the step produced (before EOS / length cuts)
-        observed, observed_lengths, idle = [], [], []  # a speculative step's requests and accepted lengths; a plain one's
+        # a speculative step's requests and accepted lengths; a plain step's requests
+        observed, observed_lengths, idle = [], [], []
         slots, adaptive, host_drafter, path_len = self.slots, self.adaptive, self.host_drafter, self._path_len
         for slot, request in step.running:  # per request, only what this engine reads (~1.7 us each at batch 64)
             if request.status != RUNNING or slots[slot] is not request:

@@ -102,9 +102,7 @@ class Lifecycle:
             request.end_ids = (frozenset(params.stop_token_ids),
                                frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
         stops, eos = request.end_ids
-        if request.id not in self._touched_ids:  # `_touch`, inline: once per request per step
-            self._touched_ids.add(request.id)
-            self.touched.append(request)
+        self._touch(request)
         tokens = request.token_ids
         if len(tokens) + len(new_tokens) < params.max_new_tokens and stops.isdisjoint(new_tokens) \
                 and eos.isdisjoint(new_tokens):  # the common step: nothing ends the request
