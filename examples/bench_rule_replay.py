@@ -31,7 +31,7 @@ from pathlib import Path
 from _bench_common import log, markdown_table
 
 from specdec.engine import adaptive
-from specdec.engine.adaptive_replay import StepTimes, replay
+from specdec.engine.adaptive_replay import StepTimes, replay, replay_warm
 
 DATA = Path(__file__).parent / "data"
 TRACES = {"smollm2": [DATA / "acceptance_smollm2_e3_heldout.jsonl", DATA / "acceptance_smollm2_e3_categories.jsonl"]}
@@ -106,12 +106,10 @@ def compare(traces: list[list[int]], times: StepTimes, batch: int, new_tokens: i
     """tok/s of each policy on the same requests; adaptive after a short warm-up pass (8 tokens
     per request, as `bench_batch.py`'s decoders serve before they are timed)."""
     kw = dict(batch=batch, new_tokens=new_tokens, requests=requests)
-    warm = replay(traces, times, policy="adaptive", **dict(kw, new_tokens=8))
     runs = {p: replay(traces, times, policy=p, **kw) for p in ("always", "never", "no-drafter")}
-    runs["adaptive"] = replay(traces, times, policy="adaptive", rule=warm.rule, **kw)
+    runs["adaptive"] = replay_warm(traces, times, **kw)
     with rule_before():
-        warm = replay(traces, times, policy="adaptive", **dict(kw, new_tokens=8))
-        runs["before"] = replay(traces, times, policy="adaptive", rule=warm.rule, **kw)
+        runs["before"] = replay_warm(traces, times, **kw)
     return runs
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specdec.engine.adaptive import DEFERRED, EXPLORE_SHARE, PLAIN, SPECULATIVE
-from specdec.engine.adaptive_replay import StepTimes, replay
+from specdec.engine.adaptive_replay import StepTimes, replay, replay_warm
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 MS = 1e-3
@@ -28,13 +28,6 @@ EIGHT_B_B64 = StepTimes(15.253 * MS, 6.838 * MS, 6.241 * MS, 6.341 * MS)
 def smollm2_traces() -> list[list[int]]:
     with open(DATA / "acceptance_smollm2_e3_heldout.jsonl") as f:
         return [json.loads(line)["accepted"] for line in f]
-
-
-def warm_then_timed(traces, times, **kw):
-    """The adaptive rule after a short warm-up pass over the same requests (8 tokens each), as
-    `bench_batch.py`'s decoders have served before they are timed."""
-    warm = replay(traces, times, policy="adaptive", **dict(kw, new_tokens=8))
-    return replay(traces, times, policy="adaptive", rule=warm.rule, **kw)
 
 
 # ----------------------------------------------------------------------------- bookkeeping
@@ -86,7 +79,7 @@ def test_with_a_head_never_right_probes_cost_at_most_the_exploration_share(times
     1.3-2.2%: `notes/gpu/issue22/bench_8b_none_4_16_32cbac7.log`.)"""
     kw = dict(batch=batch, new_tokens=64, requests=2 * batch)
     plain = replay([[0]], times, policy="never", **kw)
-    adaptive = warm_then_timed([[0]], times, **kw)
+    adaptive = replay_warm([[0]], times, **kw)
     assert adaptive.tokens == plain.tokens
     assert adaptive.tokens_per_second >= (1 - EXPLORE_SHARE - 0.002) * plain.tokens_per_second
     assert adaptive.steps[SPECULATIVE] <= 1
@@ -101,4 +94,4 @@ def test_with_the_shipped_head_it_is_within_one_percent_of_the_better_fixed_choi
     traces = smollm2_traces()
     kw = dict(batch=batch, new_tokens=128, requests=max(len(traces), 2 * batch))
     best = max(replay(traces, times, policy=p, **kw).tokens_per_second for p in ("always", "never"))
-    assert warm_then_timed(traces, times, **kw).tokens_per_second >= 0.99 * best
+    assert replay_warm(traces, times, **kw).tokens_per_second >= 0.99 * best

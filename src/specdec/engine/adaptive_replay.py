@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance
 
-__all__ = ["StepTimes", "ReplayRun", "replay", "POLICIES"]
+__all__ = ["StepTimes", "ReplayRun", "replay", "replay_warm", "POLICIES"]
 
 POLICIES = ("adaptive", "always", "never", "no-drafter")  # the rule; always / never speculate; a target-only engine
 
@@ -136,3 +136,11 @@ def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens:
             rule.observe_later(observed, lengths, idle=idle)
         running = [r for r in running if r.left > 0]
     return run
+
+
+def replay_warm(traces: list[list[int]], times: StepTimes, *, warm_tokens: int = 8, **kw) -> ReplayRun:
+    """The adaptive rule's timed pass after a short warm-up pass over the same requests
+    (`warm_tokens` each, as `examples/bench_batch.py`'s decoders serve before they are timed);
+    `kw` as for `replay` (not `policy` or `rule`)."""
+    warm = replay(traces, times, policy="adaptive", **dict(kw, new_tokens=warm_tokens))
+    return replay(traces, times, policy="adaptive", rule=warm.rule, **kw)
