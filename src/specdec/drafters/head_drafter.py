@@ -54,8 +54,7 @@ from specdec.runtime.kv_cache import PagedKVCache
 from specdec.step_state import StepState
 from specdec.types import DraftTree
 
-from specdec.ops.top_logprobs import top_logprobs
-from specdec.policies.candidates import clean_logq
+from specdec.ops.top_logprobs import clean_logq, top_logprobs
 from specdec.policies.shapes import builtin
 from specdec.types import Candidates, Frontier
 

@@ -22,9 +22,10 @@ costs what target-only steps cost. Per step it picks
   and optimistic before the first speculative step). Two, not one: replayed on recorded
   SmolLM2 acceptance (`adaptive_replay`), one made a request that drew two short drafts look
   collapsed (predicted 1.5-2 tokens where 2.5 followed) and chose plain steps that cost 2% at
-  batch 1 (`examples/bench_rule_replay.py`). A plain step observes nothing, so a request's own evidence fades on it (`age`) and
-  its estimate drifts back to the pool's: a request that collapsed on a bad stretch returns to
-  speculating on its own when the head is good elsewhere, and stays plain when it is not.
+  batch 1 (`examples/bench_rule_replay.py`). A plain step observes nothing, so a request's
+  own evidence fades on it (`age`) and its estimate drifts back to the pool's: a request that
+  collapsed on a bad stretch returns to speculating on its own when the head is good
+  elsewhere, and stays plain when it is not.
 - **Seconds.** The measured step time of that variant in that bucket (`StepCosts`): the
   median of its last live steps (host time, hand-off included), or, before it has run live,
   its warm-up time scaled by how far the live steps of the bucket's other variants ran from
@@ -38,9 +39,10 @@ costs what target-only steps cost. Per step it picks
   the time each speculative step saved against the plain rate. So a bucket where speculation
   has paid probes at the doubling schedule (and notices soon that it pays again), and one
   where it never paid (a head that is never right) spends about 0.25% of its time on
-  probes (their predicted loss): on the H200 the doubling schedule alone ran 4-5 probes in ~130 steps at batch 4-16
-  on the 8B shape, 1.3-2.2% of the decode. A plain probe runs only while the plain step could
-  win at its cheapest (its warm-up time, which live steps do not undercut).
+  probes (their predicted loss): on the H200 the doubling schedule alone ran 4-5 probes in
+  ~130 steps at batch 4-16 on the 8B shape, 1.3-2.2% of the decode. A plain probe runs only
+  while the plain step could win at its cheapest (its warm-up time, which live steps do not
+  undercut).
 - **When.** The engine folds a step's acceptance into the estimates right after it launches
   the next step (`observe_later`, then `fold`), so that per-request host work overlaps the
   device instead of idling it between steps; a choice therefore reads estimates one step old,
@@ -73,7 +75,8 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations of the engine-wide estimate in a reque
 WINDOW = 16  # live step times per (bucket, variant) the median is taken over
 FIRST_INTERVAL = 4  # steps of one variant before the other is probed, right after a flip
 MAX_INTERVAL = 256  # probes never get rarer than this
-EXPLORE_SHARE = 0.0025  # a bucket's exploration budget grows by this share of its step time (and by what speculating saved)
+EXPLORE_SHARE = 0.0025  # a bucket's exploration budget grows by this share of its step time
+# (and by what speculating saved there)
 
 
 class DepthAcceptance:
