@@ -8,7 +8,9 @@ batch 1, the default pieces mode, every op counted once as the CUDA step would l
   * an aten op run outside a compiled piece: one launch (views and no-op casts excluded);
   * a compiled piece (`models.fused`, the drafter's and the tree policy's compiled glue):
     one launch (Inductor usually fuses a piece into one or two kernels);
-  * a Triton kernel (run by Triton's interpreter here): one launch.
+  * a Triton kernel (run by Triton's interpreter here): one launch;
+  * RoPE and the K/V write as the CUDA path runs them, one fused kernel per layer and draft
+    forward (`PagedKVCache.write_rotated`).
 
 Phases: verify (the target forward), draft.model (the head's forwards), draft.ingest,
 draft.policy (the tree policy's loop), draft.compiled (compiled glue), draft (the rest of
@@ -55,7 +57,7 @@ NOT_LAUNCHES = {
     "detach", "view", "_unsafe_view", "alias", "t", "transpose", "unsqueeze", "squeeze", "expand", "slice", "select",
     "permute", "split", "split_with_sizes", "as_strided", "reshape", "unbind", "chunk", "lift_fresh", "resolve_conj",
     "resolve_neg", "empty", "empty_like", "empty_strided", "to", "promote_types",
-    "kv_write", "paged_attention", "build_tree", "verify_greedy", "verify_target_only", "verify_speculative",
+    "kv_write", "rope_kv_write", "paged_attention", "build_tree", "verify_greedy", "verify_target_only", "verify_speculative",
     "relocate_kv",
 }
 DRAFTER_PIECES = ("best_children", "depth_inputs", "ingest_inputs", "ingest_outputs", "tree_of")
@@ -131,10 +133,12 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     engine = dec.engine
     pieces = fused.Pieces(fused._FUNCTIONS, compiled=False)  # the counting pieces
     target.model.attn_impl = "triton"
+    # RoPE fused into the K/V write, as on CUDA ("auto" keeps it off the interpreter)
+    engine.runner.cache.fuses_rope = lambda impl="auto": impl not in ("ref", "torch")
     modules = list(target.model.modules())
     drafter = engine.strategies.drafter if key != "target-only" else None
     if drafter is not None:
-        drafter.attn_impl = "triton"
+        drafter.attn_impl = drafter.rope_impl = "triton"
         modules += list(drafter.model.modules())
         counter.wrap(drafter, "propose", "draft")
         counter.wrap(drafter, "_ingest", "draft.ingest")

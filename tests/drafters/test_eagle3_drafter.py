@@ -291,3 +291,34 @@ def test_logits_rows_gives_the_full_forwards_logits_at_those_rows_alone():
     assert logits_r.shape == (2, 1, logits.shape[-1])
     torch.testing.assert_close(logits_r[:, 0], logits[torch.arange(2), rows], rtol=1e-12, atol=1e-12)
     assert torch.equal(out_r, out)
+
+
+@pytest.mark.parametrize("tree, topk, depth", CASES)
+def test_rope_fused_into_the_draft_kv_write_drafts_the_same_trees(tree, topk, depth, monkeypatch):
+    """The head's forwards store K/V through `write_rotated` (`attend.with_rope`): with the
+    fused Triton kernel (as on CUDA; here interpreted) the trees and the draft KV equal those
+    of the rotary piece followed by the plain write, across a prefill, a partial acceptance
+    and a fully rejected step (the sink row, where the fused kernel drops padding rows, aside)."""
+    import specdec.runtime.kv_cache as kv_cache
+
+    fused_calls = []
+    kernel = kv_cache.rope_kv_write_triton
+    monkeypatch.setattr(kv_cache, "rope_kv_write_triton", lambda *a: fused_calls.append(1) or kernel(*a))
+    runs = {}
+    for impl in ("torch", "triton"):
+        d, cfg = make(tree, topk, depth, dtype=torch.float32)
+        d.rope_impl = impl
+        s = Slots(d, cfg, [World(60, WIDTH, seed=s) for s in range(3)])
+        s.prefill(0, 9)
+        s.prefill(1, 6)
+        first = d.propose(s.inputs())
+        s.accept_path(0, 2)
+        s.accept_path(1, 0)
+        second = d.propose(s.inputs())
+        runs[impl] = (first, second, torch.stack([d.cache.k(0), d.cache.v(0)]))  # the sink row left out
+        # two prefills, D - 1 draft forwards, then the ingest and D - 1 again
+        assert len(fused_calls) == (0 if impl == "torch" else 2 + (depth - 1) + depth)
+    for want, got in zip(runs["torch"][:2], runs["triton"][:2]):
+        assert torch.equal(want.tokens, got.tokens) and torch.equal(want.parents, got.parents)
+        assert torch.equal(want.num_nodes, got.num_nodes)
+    torch.testing.assert_close(runs["triton"][2], runs["torch"][2], rtol=1e-5, atol=1e-5)

@@ -3,6 +3,11 @@ caller-supplied ``attend(q, k, v)`` (EAGLE-3 reads [embed; hidden] of width 2d, 
 module the fused d), the SwiGLU MLP, and `take_rows` (one row of each batch row: a prompt
 chunk's head runs on its last row alone).
 
+An ``attend`` that also has ``with_rope(q, k, v, cos, sin, rotary)`` (the drafter's, over
+a paged cache) takes the queries and keys before RoPE: the cache rotates them while it
+stores K/V, one launch on CUDA (`PagedKVCache.write_rotated`) where the rotary piece and
+the K/V write were two, at every draft depth.
+
 Each layer's projections run fused, one matmul where Hugging Face has several (q/k/v in
 ``qkv_proj``, gate/up in ``gate_up_proj``): a draft step runs these once per draft depth,
 so every matmul saved is D launches saved per step (issue 20). Checkpoints keep the Hugging
@@ -79,8 +84,12 @@ class DraftAttention(nn.Module):
         v = v.view(B, T, Hkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.fused.rotary_qk(q, k, cos, sin)
-        o = attend(q, k, v)  # [B, T, H, hd]
+        with_rope = getattr(attend, "with_rope", None)
+        if with_rope is not None:  # the cache applies RoPE as it stores K/V
+            o = with_rope(q, k, v, cos, sin, self.fused.rotary_qk)  # [B, T, H, hd]
+        else:
+            q, k = self.fused.rotary_qk(q, k, cos, sin)
+            o = attend(q, k, v)  # [B, T, H, hd]
         return self.o_proj(o.reshape(B, T, H * hd))
 
 

@@ -264,6 +264,7 @@ class HeadDrafter:
         self.ingest_inputs, self.ingest_outputs = _ingest_inputs, _ingest_outputs
         self.tree_of = _tree_of
         self.attn_impl = "auto"  # `runtime.attention` impl: Triton on CUDA, the reference on CPU
+        self.rope_impl = "auto"  # `PagedKVCache.write_rotated` impl: fused on CUDA; tests force "triton"
         self.scale = head_dim**-0.5
         self.ctx_hidden = torch.zeros(B, hidden_size, device=self.device, dtype=self.dtype)  # [B, d]
         logit_dtype = torch.promote_types(self.dtype, torch.float32)
@@ -327,12 +328,19 @@ class HeadDrafter:
 
     # ------------------------------------------------------------------ attention
     def _attend(self, batch: AttentionBatch):
-        """`attend(q, k, v)` for one draft forward: store the rows' K/V, then paged attention."""
+        """`attend(q, k, v)` for one draft forward: store the rows' K/V, then paged attention;
+        its `with_rope` takes q and k before RoPE and stores through `write_rotated` (RoPE and
+        the K/V write in one launch where the cache fuses them: `draft_layers`)."""
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache.write(0, k, v, batch.write_index)
             return attention(q, self.cache, 0, batch, scale=self.scale, impl=self.attn_impl)
 
+        def with_rope(q, k, v, cos, sin, rotary) -> torch.Tensor:
+            q = self.cache.write_rotated(0, q, k, v, cos, sin, batch.write_index, rotary=rotary, impl=self.rope_impl)
+            return attention(q, self.cache, 0, batch, scale=self.scale, impl=self.attn_impl)
+
+        attend.with_rope = with_rope
         return attend
 
     # ------------------------------------------------------------------ host side
