@@ -20,15 +20,31 @@ propose) and other (tree build, verification, relocation, state advance).
     TRITON_INTERPRET=1 python examples/count_launches.py chain-5
     TRITON_INTERPRET=1 python examples/count_launches.py --json     # one JSON line per setup (tests)
 
-Approximate by construction (a GEMM may be two kernels, a compiled piece one to three); use
+Approximate by construction (a GEMM may be two kernels, a compiled piece one to several); use
 it for differences, and bench_cycle.py on the GPU for the counts that are claimed.
+
+`--kernels` counts each compiled piece as the kernels it is on the GPU instead of one launch:
+every piece call of the step is recorded and compiled as the decoder compiles it, with
+Inductor generating its GPU (Triton) code on the CPU (`_piece_kernels.py`, a child process
+without the interpreter); the table then lists each piece's kernels per call. `--shape
+smollm2` runs a SmolLM2-135M-shaped target (30 layers, random weights) with a 16384-token
+draft vocabulary, the shape whose GPU counts the end-to-end logs give (target-only 316,
+chain-5 495, tree N=48 567 kernels per step at 32cbac7).
+
+    TRITON_INTERPRET=1 python examples/count_launches.py --kernels --shape smollm2 target-only chain-5
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import inspect
+import json
 import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     sys.exit("run with TRITON_INTERPRET=1: the Triton kernels are counted as the interpreter runs them")
@@ -39,6 +55,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from _bench_common import random_eagle3_head  # noqa: E402
 from bench_cycle import QUICK_TARGET, build_target, head_config  # noqa: E402
+from bench_target import TINY  # noqa: E402
+from specdec.models import RopeConfig  # noqa: E402
 from specdec import SamplingParams, SpecConfig  # noqa: E402
 from specdec.entrypoints.decoder import SpecDecoder  # noqa: E402
 from specdec.models import fused  # noqa: E402
@@ -46,6 +64,7 @@ from specdec.models import fused  # noqa: E402
 SETUPS = {
     "target-only": SpecConfig(drafter="none"),
     "chain-5": SpecConfig(drafter="eagle3", max_draft_len=5),
+    "tree-48": SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
     "tree-60": SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=6, topk=10, max_total_draft_tokens=60),
     # adaptive chain-5's plain steps, forced: the drafter ingests (plain) or is skipped (deferred);
     # a deferred step should launch what target-only's does, a plain one that plus the ingest
@@ -60,6 +79,14 @@ NOT_LAUNCHES = {
     "kv_write", "rope_kv_write", "paged_attention", "build_tree", "verify_greedy", "verify_target_only", "verify_speculative",
     "relocate_kv",
 }
+# SmolLM2-135M's shape (random weights): the target whose GPU kernel counts the end-to-end logs give
+SMOLLM2_SHAPE = dataclasses.replace(
+    TINY, vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+    head_dim=64, rope=RopeConfig(theta=100000.0), max_position_embeddings=8192, tie_word_embeddings=True,
+    sliding_windows=(),
+)
+SHAPES = {"tiny": QUICK_TARGET, "smollm2": SMOLLM2_SHAPE}
+H200_SMS = 132
 DRAFTER_PIECES = ("best_children", "depth_inputs", "ingest_inputs", "ingest_outputs", "tree_of")
 POLICY_PIECES = ("_rank", "_score_call", "_next_frontier", "_finish")
 
@@ -71,6 +98,19 @@ class LaunchCounter(TorchDispatchMode):
         super().__init__()
         self.phase, self.opaque = "other", 0
         self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.records: list | None = None  # --kernels: (phase, label, fn, args, kwargs) of every compiled-piece call
+
+    def record(self, label: str, fn, args, kwargs) -> None:
+        """Keep a compiled piece's call (its tensors copied: the step goes on mutating some)."""
+        if self.records is None or self.opaque:
+            return
+        copy = lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x  # noqa: E731
+        self.opaque += 1  # the copies are not the step's launches
+        try:
+            args = tuple([copy(y) for y in a] if isinstance(a, (list, tuple)) else copy(a) for a in args)
+            self.records.append((self.phase, label, fn, args, {k: copy(v) for k, v in kwargs.items()}))
+        finally:
+            self.opaque -= 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -89,6 +129,7 @@ class LaunchCounter(TorchDispatchMode):
             before = self.phase
             self.phase = phase
             if opaque:
+                self.record(f"compiled:{attr}", fn, args, kwargs)
                 self.one_launch(f"compiled:{attr}")
                 self.opaque += 1
             try:
@@ -116,6 +157,7 @@ def instrument(counter: LaunchCounter) -> None:
     triton_interpreter.InterpretedFunction.run = counted_run
     for name, fn in list(fused._FUNCTIONS.items()):
         def piece(*args, _fn=fn, _name=name, **kwargs):
+            counter.record(f"piece:{_name}", _fn, args, kwargs)
             counter.one_launch(f"piece:{_name}")
             counter.opaque += 1
             try:
@@ -133,12 +175,16 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     engine = dec.engine
     pieces = fused.Pieces(fused._FUNCTIONS, compiled=False)  # the counting pieces
     target.model.attn_impl = "triton"
-    # RoPE fused into the K/V write, as on CUDA ("auto" keeps it off the interpreter)
+    # RoPE fused into the K/V write, as on CUDA ("auto" keeps it off the interpreter); attention's key
+    # splits (and so its split-KV combine kernel) chosen for the H200's SMs
     engine.runner.cache.fuses_rope = lambda impl="auto": impl not in ("ref", "torch")
+    engine.runner.cache.num_sms = H200_SMS
+    engine._kv_len_bound = lambda b: config.cache.max_seq_len  # a captured step's key bound, not the eager one's
     modules = list(target.model.modules())
     drafter = engine.strategies.drafter if key != "target-only" else None
     if drafter is not None:
         drafter.attn_impl = drafter.rope_impl = "triton"
+        drafter.cache.num_sms = H200_SMS
         modules += list(drafter.model.modules())
         counter.wrap(drafter, "propose", "draft")
         counter.wrap(drafter, "_ingest", "draft.ingest")
@@ -146,9 +192,10 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
         counter.wrap(drafter, "_forward", "draft.model")
         for attr in DRAFTER_PIECES:
             counter.wrap(drafter, attr, "draft.compiled", opaque=True)
-        for attr in POLICY_PIECES:
+        for attr in POLICY_PIECES:  # compiled pieces are functions; a policy's own method is eager glue
             if hasattr(drafter.policy, attr):
-                counter.wrap(drafter.policy, attr, "draft.compiled", opaque=True)
+                eager = inspect.ismethod(getattr(drafter.policy, attr))
+                counter.wrap(drafter.policy, attr, "draft.policy" if eager else "draft.compiled", opaque=not eager)
     for m in modules:
         if hasattr(m, "fused"):
             m.fused = pieces
@@ -166,35 +213,93 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     for _ in range(3):  # prefill, then steps: the counted one is a steady-state step
         engine.run_iteration()
     counter.counts.clear()
+    if counter.records is not None:
+        counter.records.clear()  # the counted step's piece calls only
     with counter:
         engine.step()
     return dict(counter.counts)
 
 
-def main() -> None:
-    import json
+def piece_kernels(records: list) -> list[dict]:
+    """Each recorded piece call's GPU kernels (`_piece_kernels.py` in a child process without the
+    interpreter): dicts of kernels (None when no code was generated) and names."""
+    rows = []
+    for _, _, fn, args, kwargs in records:
+        signature = (fn.__module__, fn.__qualname__, tuple(
+            (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a) for a in args))
+        rows.append((fn.__module__, fn.__qualname__, args, kwargs, repr(signature)))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "records.pt"
+        torch.save(rows, path)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        run = subprocess.run([sys.executable, str(Path(__file__).with_name("_piece_kernels.py")), str(path)],
+                             env=env, capture_output=True, text=True, timeout=3600)
+    if run.returncode != 0:
+        sys.exit(f"_piece_kernels.py failed:\n{run.stderr[-3000:]}")
+    return [json.loads(line) for line in run.stdout.strip().splitlines()]
 
+
+def as_kernels(counts: dict, records: list, kernels: list[dict]) -> dict[str, collections.Counter]:
+    """The proxy counts with each compiled piece's one launch replaced by its GPU kernels (a piece
+    whose code could not be generated keeps its one)."""
+    out = {phase: collections.Counter(c) for phase, c in counts.items()}
+    for (phase, label, *_), k in zip(records, kernels):
+        if k["kernels"] is not None:
+            out[phase][label] += k["kernels"] - 1
+    return out
+
+
+def main() -> None:
     torch.set_num_threads(1)
     args = sys.argv[1:]
     as_json = "--json" in args
-    keys = [a for a in args if a != "--json"] or list(SETUPS)
+    names_mode = "--names" in args  # with --kernels: each piece's kernel names
+    kernels_mode = "--kernels" in args or names_mode
+    shape = "tiny"
+    if "--shape" in args:
+        i = args.index("--shape")
+        shape = args[i + 1] if i + 1 < len(args) else ""
+        if shape not in SHAPES:
+            sys.exit(f"--shape {shape!r} is unknown; allowed: {list(SHAPES)}")
+        del args[i : i + 2]
+    keys = [a for a in args if a not in ("--json", "--kernels", "--names")] or list(SETUPS)
     unknown = [k for k in keys if k not in SETUPS]
     if unknown:
         sys.exit(f"unknown setups {unknown}; allowed: {list(SETUPS)}")
     counter = LaunchCounter()
     instrument(counter)
-    target = build_target(QUICK_TARGET, torch.device("cpu"), torch.float32)
-    head = random_eagle3_head(head_config(QUICK_TARGET, True), device=torch.device("cpu"), dtype=torch.float32)
+    cfg = SHAPES[shape]
+    target = build_target(cfg, torch.device("cpu"), torch.float32)
+    head_cfg = head_config(cfg, True)
+    if shape == "smollm2":  # the shipped head's draft vocabulary
+        head_cfg = dataclasses.replace(head_cfg, draft_vocab_size=16384, capture_layers=(1, 14, 26))
+    head = random_eagle3_head(head_cfg, device=torch.device("cpu"), dtype=torch.float32)
+    unit = "GPU kernels (compiled pieces as Inductor generates them)" if kernels_mode else "launches"
     for key in keys:
+        counter.records = [] if kernels_mode else None
         counts = count_step(key, target, head, counter)
+        if kernels_mode:
+            per_call = piece_kernels(counter.records)
+            counts = as_kernels(counts, counter.records, per_call)
         total = sum(sum(c.values()) for c in counts.values())
         if as_json:
             print(json.dumps(dict(setup=key, total=total, phases={p: sum(c.values()) for p, c in counts.items()})))
             continue
-        print(f"{key}: {total} launches per step (tiny 4-layer target, batch 1, CPU proxy)")
+        print(f"{key}: {total} {unit} per step ({shape} target, batch 1, CPU proxy)")
         for phase, c in sorted(counts.items(), key=lambda kv: -sum(kv[1].values())):
-            top = ", ".join(f"{op} {n}" for op, n in c.most_common(12))
+            top = ", ".join(f"{op} {n}" for op, n in c.most_common(14))
             print(f"  {phase:15s} {sum(c.values()):4d}  {top}")
+        if kernels_mode:
+            pieces = collections.defaultdict(list)
+            for (_, label, *_), k in zip(counter.records, per_call):
+                pieces[label].append(k["kernels"])
+            print("  kernels per call: " + ", ".join(f"{label} {sorted(set(ks), key=str)}" for label, ks in pieces.items()))
+            if names_mode:
+                shown = set()
+                for (_, label, *_), k in zip(counter.records, per_call):
+                    if label not in shown:
+                        shown.add(label)
+                        print(f"    {label}: {k['names']}")
 
 
 if __name__ == "__main__":

@@ -394,3 +394,37 @@ def test_the_example_binary_policy_decodes_losslessly(target, target_only, examp
     assert isinstance(dec.strategies.tree_policy, example_plugin.BinaryPolicy)
     assert dec.strategies.tree_policy.samples == (verifier == "speculative")
     assert_lossless(generate(dec), target_only, f"tree='binary' drafter={drafter} verifier={verifier}")
+
+
+@given(D=st.integers(1, 5), B=st.integers(1, 3), samples=st.booleans(),
+       logq=st.lists(st.sampled_from([0.0, -0.5, -3.0, float("-inf"), float("nan"), float("inf")]), min_size=15, max_size=15),
+       seed=st.integers(0, 2**16))
+def test_the_chains_own_glue_grows_the_tree_the_generic_glue_grows(D, B, samples, logq, seed):
+    """`LinearPolicy` skips the generic gathers and `assemble` (`_chain_next`, `_chain_finish`):
+    for any candidates, -inf / NaN / +inf log-probabilities included (a chain cut short), it
+    grows the same tree, draft-distribution rows included, as the generic frontier glue."""
+    import specdec.policies.frontier as frontier
+    from specdec.policies import LinearPolicy
+    from specdec.types import Candidates
+
+    gen = torch.Generator().manual_seed(seed)
+    calls = [(torch.randint(0, 50, (B, 1, 1), generator=gen),
+              torch.tensor([logq[(3 * t + b) % 15] for b in range(B)]).view(B, 1, 1),
+              torch.rand(B, 1, 7, generator=gen) if samples else None) for t in range(D)]
+
+    def expand(fr):
+        tok, lq, probs = calls[fr.depth]
+        return Candidates(tokens=tok, logq=lq, probs=probs)
+
+    trees = []
+    for generic in (False, True):
+        policy = LinearPolicy(D, samples=samples)
+        if generic:
+            policy._next_frontier, policy._finish = frontier._next_frontier, frontier._finish
+        trees.append(policy.grow(expand, B, "cpu"))
+    chain, want = trees
+    for field in ("tokens", "parents", "num_nodes", "dist_index", "dists"):
+        a, b = getattr(chain, field), getattr(want, field)
+        assert (a is None) == (b is None), field
+        if a is not None:
+            assert torch.equal(a, b), (field, a, b)

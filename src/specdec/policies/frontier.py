@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..ops.columns import cat_columns
 from ..types import Candidates, Frontier, GrownTree
 from .candidates import clean_logq
 
@@ -174,7 +175,7 @@ def _next_frontier(flat_tok: torch.Tensor, score: torch.Tensor, idx: torch.Tenso
 def _finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
     """`assemble` over the per-call history pieces, as a tuple (tokens, parents, num_nodes,
     dist_index): a compiled piece returns tensors, not a `GrownTree`."""
-    tree = assemble(sel, torch.cat(hist_tok, 1), torch.cat(hist_parent, 1), scores, dist_of)
+    tree = assemble(sel, cat_columns(hist_tok), cat_columns(hist_parent), scores, dist_of)
     return tree.tokens, tree.parents, tree.num_nodes, tree.dist_index
 
 

@@ -29,6 +29,7 @@ import torch
 
 from ..compile_scope import compile_private
 from ..config import ConfigError, SpecConfig
+from ..ops.columns import cat_columns
 from .candidates import stable_topk
 from .frontier import FrontierPolicy, zero_index
 from .static_tree import StaticTree, read_choices, static_tree
@@ -56,6 +57,18 @@ def _best(score: torch.Tensor, k: int) -> torch.Tensor:
 
 
 
+def _chain_finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
+    """`frontier.assemble` of a chain, every node kept (as `_finish`: tokens, parents, num_nodes,
+    dist_index). Node t's parent is node t - 1 (tree index t); the valid nodes (finite path
+    score) are a prefix, since a path score that is -inf or NaN stays so down the chain, so no
+    sort is needed: each field is the history itself, cut where the scores stop being valid."""
+    tokens = cat_columns(hist_tok)  # [B, D]
+    valid = scores > float("-inf")  # [B, D]; NaN is not valid
+    depth = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    dist_index = None if dist_of is None else torch.where(valid, dist_of, -1)
+    return torch.where(valid, tokens, 0), torch.where(valid, depth, -1), valid.sum(-1), dist_index
+
+
 def _every(policy: FrontierPolicy, scores: torch.Tensor) -> torch.Tensor:
     """Keep every history node, in order: [B, M] int64 (a constant view: no launch per step)."""
     M = scores.shape[1]
@@ -76,13 +89,37 @@ class _Ranked(FrontierPolicy):
 
 
 class LinearPolicy(FrontierPolicy):
-    """A chain of `depth` drafts: the single candidate of each call is the next frontier."""
+    """A chain of `depth` drafts: the single candidate of each call is the next frontier.
+
+    Its glue knows the shape: the next frontier is the call's one candidate as it is (views and
+    constants, no kernel: the generic gathers were 4 GPU kernels per call), and the tree is the
+    history in order, cut where the path score stops being finite (`_chain_finish`: one or two
+    kernels where the generic `assemble` ran ~15)."""
 
     def __init__(self, depth: int, *, samples: bool = False, name: str = "linear") -> None:
         super().__init__((1,) * depth, (1,) * depth, depth, samples=samples, name=name)
+        self._next_frontier, self._finish = self._chain_next, _chain_finish
+
+    def use_compiled(self, on: bool = True) -> None:
+        super().use_compiled(on)
+        self._next_frontier = self._chain_next  # views only: nothing to compile
+        self._finish = compile_private(_chain_finish, dynamic=True, fullgraph=True) if on else _chain_finish
+
+    def prepare(self, device) -> None:
+        super().prepare(device)
+        for t in range(self.depth):
+            self._const(f"hist{t}", torch.device(device), lambda d, t=t: torch.full((1, 1), t, dtype=torch.int64, device=d))
 
     def _pick(self, t, score):  # the call's one candidate (a constant view: no launch)
         return self._const("zero", score.device, zero_index).expand(score.shape[0], 1)
+
+    def _chain_next(self, flat_tok, score, idx, offset: int, K: int):
+        """`_next_frontier` of a chain (F = K = 1, idx = 0): the candidate's token and score
+        [B, 1] as they are, its history index `offset` and parent row 0 as constant views."""
+        B = flat_tok.shape[0]
+        hist = self._const(f"hist{offset}", flat_tok.device,
+                           lambda d: torch.full((1, 1), offset, dtype=torch.int64, device=d))
+        return flat_tok, score, hist.expand(B, 1), idx
 
     def _select(self, scores):
         return _every(self, scores)

@@ -1,0 +1,81 @@
+"""The GPU kernels of recorded compiled-piece calls, generated on the CPU (a child of
+`count_launches.py --kernels`; run WITHOUT TRITON_INTERPRET).
+
+A compiled piece (`torch.compile(fn, dynamic=True, fullgraph=True)`, as the decoder compiles
+it) runs on the GPU as the Triton kernels Inductor generates for it plus its extern calls
+(matmuls, `topk`, ...). Inductor's Triton code generation is the same for CPU tensors when
+`cpu_backend="triton"`: the scheduler fuses the same nodes into the same kernels (combo
+kernels, off by default, aside). So each recorded call is compiled that way, the generated
+module's source is taken when it is complete, and its launches are counted; the kernels
+themselves are never built (the compile-only driver of tests/_sm90_compile.py stands in for a
+GPU while the code is generated, and the build for a CPU target then fails, as expected).
+
+    python _piece_kernels.py RECORDS.pt     # prints one JSON line per record: kernels, names
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import _sm90_compile  # noqa: E402,F401  (sets the compile-only sm_90 driver)
+import torch  # noqa: E402
+import torch._inductor.config as inductor_config  # noqa: E402
+from torch._inductor.graph import GraphLowering  # noqa: E402
+
+from specdec.compile_scope import compile_private  # noqa: E402
+
+inductor_config.cpu_backend = "triton"
+_SOURCES: list[str] = []
+_compile_to_module = GraphLowering.compile_to_module
+
+
+def _keep_source(self):
+    """Keep the generated module's source, then go on (the build for the CPU target fails)."""
+    code = self.codegen()[0]
+    _SOURCES.append(getattr(code, "value", str(code)))
+    return _compile_to_module(self)
+
+
+GraphLowering.compile_to_module = _keep_source
+_RUN = re.compile(r"^\s+(\w+)\.run\(", re.M)  # a Triton kernel launched by the wrapper
+_EXTERN = re.compile(r"(extern_kernels\.\w+|aten\.\w+(?:\.\w+)?|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(")
+
+
+def kernels_of(fn, args, kwargs) -> list[str] | None:
+    """The launches of `fn`'s compiled graph for these arguments (None: no code was generated)."""
+    _SOURCES.clear()
+    try:
+        compile_private(fn, dynamic=True, fullgraph=True)(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - the kernels cannot be built for a CPU target; the source is what counts
+        pass
+    if not _SOURCES:
+        return None
+    names = []
+    for src in _SOURCES:
+        call = src[src.find("def call("):] if "def call(" in src else src
+        names += _RUN.findall(call) + _EXTERN.findall(call)
+    return names
+
+
+def main() -> None:
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = False  # as `models.fused.compiled` sets it
+    records = torch.load(sys.argv[1], weights_only=False)
+    seen: dict = {}
+    for module, qualname, args, kwargs, signature in records:
+        if signature not in seen:
+            fn = sys.modules[module] if module in sys.modules else __import__(module, fromlist=["_"])
+            for part in qualname.split("."):
+                fn = getattr(fn, part)
+            seen[signature] = kernels_of(fn, args, kwargs)
+        names = seen[signature]
+        print(json.dumps(dict(kernels=None if names is None else len(names), names=names)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
