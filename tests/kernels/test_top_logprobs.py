@@ -63,25 +63,30 @@ def test_top_logprobs_take_bf16_logits_as_the_drafter_gives_them(vocab, k, seed)
     torch.testing.assert_close(lp, full, rtol=0, atol=2e-5)
 
 
-def test_nan_logits_rank_last_and_give_minus_inf():
+@pytest.mark.parametrize("k", [1, 5])  # 1: the reductions-only path (`_top1`)
+def test_nan_logits_rank_last_and_give_minus_inf(k):
     logits = torch.randn(2, 1, 4096, generator=torch.Generator().manual_seed(0))
     logits[0, 0, ::2] = float("nan")  # half the row
     logits[1, 0, :] = float("nan")  # the whole row
-    tok, lp = top_logprobs(logits, 5)
+    tok, lp = top_logprobs(logits, k)
     assert bool((logits[0, 0, tok[0, 0]].isfinite()).all())  # NaN tokens never picked while finite ones remain
     assert bool(lp[0].isfinite().all())
     assert bool((lp[1] == float("-inf")).all()) and bool(((tok[1] >= 0) & (tok[1] < 4096)).all())
 
 
-def test_infinite_logits_never_give_nan_or_positive_log_probabilities():
-    logits = torch.zeros(3, 1, 4096)
+@pytest.mark.parametrize("k", [1, 3])
+def test_infinite_logits_never_give_nan_or_positive_log_probabilities(k):
+    logits = torch.zeros(4, 1, 4096)
     logits[0, 0, 7] = float("inf")
     logits[1, 0, :] = float("-inf")
     logits[2, 0, 100:] = float("-inf")  # 100 finite entries in the first chunk
-    tok, lp = top_logprobs(logits, 3)
+    logits[3, 0, :] = float("-inf")
+    logits[3, 0, 200:300] = -200.0  # far below 0, the other chunks empty: exp(0 + 200) overflows float32
+    tok, lp = top_logprobs(logits, k)
     assert not bool(lp.isnan().any()) and bool((lp <= 0).all())
-    assert bool((tok[2] < 100).all())
-    torch.testing.assert_close(lp[2], torch.full((1, 3), -torch.log(torch.tensor(100.0)).item()))
+    assert bool((tok[2] < 100).all()) and bool(((tok[3] >= 200) & (tok[3] < 300)).all())
+    for row, n in ((2, 100.0), (3, 100.0)):
+        torch.testing.assert_close(lp[row], torch.full((1, k), -torch.log(torch.tensor(n)).item()))
 
 
 def test_k_outside_the_row_is_an_error_naming_the_range():

@@ -7,7 +7,8 @@ draft vocabulary and 1-10 rows that took 37-225 us per draft depth on the H200
 (`notes/gpu/issue20/e2e_32cbac7.log`, `cycle_32cbac7.log`), more than the head's forward.
 Here each row is cut into S chunks: a top-k and a sum of exponentials per chunk run on S times
 as many blocks, and a second top-k over the S * k survivors picks the result; the
-log-softmax itself is never written out.
+log-softmax itself is never written out. For k = 1 no top-k runs at all: each chunk's max,
+argmax and sum of exponentials are one reduction, the row's a second (`_top1`).
 
 Same tokens as `topk(log_softmax(x))` (ties may be ordered differently, as `torch.topk` may);
 log-probabilities equal to `log_softmax` up to the rounding of the sum's order. NaN logits
@@ -53,6 +54,9 @@ def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     S = chunk_count(V, k)
     C = V // S
     x = nan_to_minus_inf(logits.float()).reshape(-1, S, C)  # [R, S, C]
+    if k == 1:
+        tok, lp = _top1(x)
+        return tok.reshape(*lead, 1), lp.reshape(*lead, 1)
     part_val, part_idx = x.topk(k, dim=-1)  # [R, S, k] each chunk's best
     offsets = torch.arange(S, device=x.device).mul_(C).view(1, S, 1)
     part_idx = (part_idx + offsets).reshape(-1, S * k)  # [R, S*k] token ids
@@ -63,6 +67,25 @@ def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     total = (x - shift[:, :, None]).exp().sum(-1).sum(-1, keepdim=True)  # [R, 1] chunk sums, then rows
     lp = clean_logq((val - shift) - total.log())  # [R, k]
     return tok.reshape(*lead, k), lp.reshape(*lead, k)
+
+
+def _top1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k = 1 (a chain's draft step) by reductions alone: x [R, S, C] -> (token [R, 1], log-probability
+    [R, 1]). Each chunk's max, argmax and sum of exponentials (shifted by its own max) in one
+    pass, then the row's: 2 GPU kernels where the two top-k's path launches 6, and the logits
+    are never written out. Same conventions as the top-k path: NaN ranks as -inf, a row without
+    a finite max gives -inf."""
+    C = x.shape[-1]
+    part_max, part_arg = x.max(-1)  # [R, S]
+    part_shift = torch.where(torch.isfinite(part_max), part_max, 0.0)
+    part_sum = (x - part_shift[..., None]).exp().sum(-1)  # [R, S]
+    top, chunk = part_max.max(-1, keepdim=True)  # [R, 1]
+    shift = torch.where(torch.isfinite(top), top, 0.0)
+    # an all -inf chunk adds nothing (its sum is 0; exp(0 - shift) alone may overflow)
+    weighted = torch.where(part_max == float("-inf"), 0.0, part_sum * (part_shift - shift).exp())
+    total = weighted.sum(-1, keepdim=True)  # [R, 1]
+    tok = part_arg.gather(1, chunk) + chunk * C
+    return tok, clean_logq((top - shift) - total.log())
 
 
 def top_logprobs_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
