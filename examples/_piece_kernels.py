@@ -10,7 +10,11 @@ module's source is taken when it is complete, and its launches are counted; the 
 themselves are never built (the compile-only driver of tests/_sm90_compile.py stands in for a
 GPU while the code is generated, and the build for a CPU target then fails, as expected).
 
-    python _piece_kernels.py RECORDS.pt     # prints one JSON line per record: kernels, names
+    python _piece_kernels.py RECORDS.pt [--combo]   # one JSON line per record: kernels, names
+
+--combo compiles with Inductor's combo kernels (`ExecutionConfig.combo_kernels`); Inductor
+groups nodes into combo kernels only on GPUs, so here its grouping is run without the CPU
+exclusion (the same windows of up to `combo_kernel_max_num_nodes` nodes in graph order).
 """
 
 from __future__ import annotations
@@ -61,10 +65,20 @@ def kernels_of(fn, args, kwargs) -> list[str] | None:
     return names
 
 
+def _combo_groups(scheduler) -> list:
+    """Inductor's default grouping for combo kernels, CPU nodes included."""
+    size = inductor_config.combo_kernel_max_num_nodes
+    return [nodes[i : i + size] for nodes in scheduler._topological_sort_nodes() for i in range(0, len(nodes), size)]
+
+
 def main() -> None:
     import torch.fx.experimental._config as fx_config
+    from torch._inductor import scheduler
 
     fx_config.use_duck_shape = False  # as `models.fused.compiled` sets it
+    if "--combo" in sys.argv:
+        inductor_config.combo_kernels = True
+        scheduler.ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels = staticmethod(_combo_groups)
     records = torch.load(sys.argv[1], weights_only=False)
     seen: dict = {}
     for module, qualname, args, kwargs, signature in records:

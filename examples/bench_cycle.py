@@ -32,6 +32,7 @@ bandwidth measured in the same run (a large `copy_`, read + write bytes, median 
     python examples/bench_cycle.py --setups target-only chain-3 --contexts 1024
     python examples/bench_cycle.py --quick              # CPU smoke run: tiny shape, contexts 32 64, 8 steps
     python examples/bench_cycle.py --compile auto step  # pieces vs the whole step as one compiled graph
+    python examples/bench_cycle.py --compile auto combo # the pieces with Inductor's combo kernels too
 
 With several `--compile` values every setup runs under each, side by side in one run, and R
 is taken against the first value's target-only step.
@@ -82,9 +83,10 @@ def parse_args():
     p.add_argument("--steps", type=int, default=None, help="steps timed per context (default 64; quick 8)")
     p.add_argument("--skip", type=int, default=None, help="first step intervals dropped (default 4; quick 2)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 MiB; quick 64)")
-    p.add_argument("--compile", choices=["auto", "on", "off", "step"], nargs="+", default=["auto"],
+    p.add_argument("--compile", choices=["auto", "on", "off", "step", "combo"], nargs="+", default=["auto"],
                    help="SpecConfig.compile; several values time every setup under each, side by side, R against "
-                        "the first value's target-only (step: the whole step as one torch.compile graph per bucket)")
+                        "the first value's target-only (step: the whole step as one torch.compile graph per bucket; "
+                        "combo: the pieces with combo_kernels=True)")
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
     p.add_argument("--decoder-per-context", action="store_true",
                    help="build (and warm up) a decoder per context, sized to it (default: one per setup)")
@@ -95,7 +97,7 @@ def parse_args():
 
 
 def knob(value: str):
-    return {"auto": "auto", "on": True, "off": False, "step": "step"}[value]
+    return {"auto": "auto", "on": True, "off": False, "step": "step", "combo": "auto"}[value]
 
 
 def copy_bandwidth(device: torch.device, mib: int, iters: int = 10) -> float:
@@ -163,7 +165,7 @@ def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps
     N = base.shape.num_tree_slots
     max_seq_len = -(-(longest + steps + 1 + N * (1 + base.schedule.kv_lookahead_steps)) // 128) * 128
     config = base.replace(max_batch_size=1, max_seq_len=max_seq_len, compile=knob(compile_mode),
-                          cuda_graphs=knob(args.cuda_graphs))
+                          cuda_graphs=knob(args.cuda_graphs), combo_kernels=compile_mode == "combo")
     t0 = time.perf_counter()
     draft = head if key != "target-only" else None
     dec = SpecDecoder.from_pretrained(target, draft, config, device=device, dtype=dtype)

@@ -108,12 +108,17 @@ SPEC_SETUPS = {
 for _key in ("eagle3-chain", "eagle3-tree"):
     _setup = SPEC_SETUPS[_key]
     SPEC_SETUPS[f"{_key}-baseline"] = SpecSetup(f"{_setup.name}, baseline head", _setup.config, "eagle3-baseline")
+# the specdec setups again with the compiled pieces' combo kernels (`ExecutionConfig.combo_kernels`)
+for _key in ("target-only", "eagle3-chain", "eagle3-tree"):
+    _setup = SPEC_SETUPS[_key]
+    SPEC_SETUPS[f"{_key}-combo"] = SpecSetup(f"{_setup.name}, combo kernels", _setup.config.replace(combo_kernels=True),
+                                             _setup.head)
 HF_SETUPS = ("hf-eager", "hf-compiled", "hf-prompt-lookup")
 # Run order: the two baselines every speedup is measured against come first, so a run cut at
 # its time limit has them; the table lists specdec rows, then transformers rows.
 RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "eagle3-chain-baseline",
-             "eagle3-tree-baseline", "mtp-chain", "ngram-chain",
-             "hf-eager", "hf-prompt-lookup")
+             "eagle3-tree-baseline", "target-only-combo", "eagle3-chain-combo", "eagle3-tree-combo", "mtp-chain",
+             "ngram-chain", "hf-eager", "hf-prompt-lookup")
 TABLE_ORDER = tuple(k for k in RUN_ORDER if k in SPEC_SETUPS) + HF_SETUPS
 PROMPT_LOOKUP_TOKENS = 10
 
@@ -147,7 +152,8 @@ def parse_args():
     args = p.parse_args()
     baseline = ("eagle3-chain-baseline", "eagle3-tree-baseline")
     if args.setups is None:
-        args.setups = [k for k in RUN_ORDER if k not in baseline or args.baseline_eagle3 is not None]
+        args.setups = [k for k in RUN_ORDER if (k not in baseline or args.baseline_eagle3 is not None)
+                       and not k.endswith("-combo")]  # combo rows: asked for by name
     if args.baseline_eagle3 is None:
         if set(baseline) & set(args.setups):
             p.error(f"setups {sorted(set(baseline) & set(args.setups))} need --baseline-eagle3 FOLDER")

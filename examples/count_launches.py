@@ -32,6 +32,8 @@ draft vocabulary, the shape whose GPU counts the end-to-end logs give (target-on
 chain-5 495, tree N=48 567 kernels per step at 32cbac7).
 
     TRITON_INTERPRET=1 python examples/count_launches.py --kernels --shape smollm2 target-only chain-5
+    TRITON_INTERPRET=1 python examples/count_launches.py --combo chain-5     # the pieces with combo kernels
+    TRITON_INTERPRET=1 python examples/count_launches.py --names chain-5     # each piece's kernels by name
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     return dict(counter.counts)
 
 
-def piece_kernels(records: list) -> list[dict]:
+def piece_kernels(records: list, combo: bool = False) -> list[dict]:
     """Each recorded piece call's GPU kernels (`_piece_kernels.py` in a child process without the
     interpreter): dicts of kernels (None when no code was generated) and names."""
     rows = []
@@ -232,7 +234,8 @@ def piece_kernels(records: list) -> list[dict]:
         path = Path(tmp) / "records.pt"
         torch.save(rows, path)
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        run = subprocess.run([sys.executable, str(Path(__file__).with_name("_piece_kernels.py")), str(path)],
+        child = [sys.executable, str(Path(__file__).with_name("_piece_kernels.py")), str(path)] + (["--combo"] if combo else [])
+        run = subprocess.run(child,
                              env=env, capture_output=True, text=True, timeout=3600)
     if run.returncode != 0:
         sys.exit(f"_piece_kernels.py failed:\n{run.stderr[-3000:]}")
@@ -254,7 +257,8 @@ def main() -> None:
     args = sys.argv[1:]
     as_json = "--json" in args
     names_mode = "--names" in args  # with --kernels: each piece's kernel names
-    kernels_mode = "--kernels" in args or names_mode
+    combo = "--combo" in args  # with --kernels: the pieces compiled with Inductor's combo kernels
+    kernels_mode = "--kernels" in args or names_mode or combo
     shape = "tiny"
     if "--shape" in args:
         i = args.index("--shape")
@@ -262,7 +266,7 @@ def main() -> None:
         if shape not in SHAPES:
             sys.exit(f"--shape {shape!r} is unknown; allowed: {list(SHAPES)}")
         del args[i : i + 2]
-    keys = [a for a in args if a not in ("--json", "--kernels", "--names")] or list(SETUPS)
+    keys = [a for a in args if a not in ("--json", "--kernels", "--names", "--combo")] or list(SETUPS)
     unknown = [k for k in keys if k not in SETUPS]
     if unknown:
         sys.exit(f"unknown setups {unknown}; allowed: {list(SETUPS)}")
@@ -275,11 +279,13 @@ def main() -> None:
         head_cfg = dataclasses.replace(head_cfg, draft_vocab_size=16384, capture_layers=(1, 14, 26))
     head = random_eagle3_head(head_cfg, device=torch.device("cpu"), dtype=torch.float32)
     unit = "GPU kernels (compiled pieces as Inductor generates them)" if kernels_mode else "launches"
+    if combo:
+        unit = "GPU kernels (compiled pieces as Inductor generates them, with combo kernels)"
     for key in keys:
         counter.records = [] if kernels_mode else None
         counts = count_step(key, target, head, counter)
         if kernels_mode:
-            per_call = piece_kernels(counter.records)
+            per_call = piece_kernels(counter.records, combo)
             counts = as_kernels(counts, counter.records, per_call)
         total = sum(sum(c.values()) for c in counts.values())
         if as_json:

@@ -46,3 +46,22 @@ def test_launches_per_step_stay_within_their_bounds():
     # the speculative steps' draft glue is compiled: the head's own forwards dominate the draft
     chain = counts["chain-5"]["phases"]
     assert chain["draft.model"] > chain.get("draft.policy", 0) + chain.get("draft", 0) + chain.get("draft.ingest", 0)
+
+
+# GPU kernels per step (`count_launches.py --kernels`: each compiled piece as the kernels Inductor generates
+# for it on a GPU). chain-5 on the tiny target: 234 at 4678937 (with the combine kernels counted), 202 once
+# a chain's glue skipped the generic gathers and assembly and `cat_columns` replaced torch.cat in the
+# pieces, 187 with top_logprobs' reductions-only k = 1 (2 kernels a depth where 6 ran)
+KERNEL_BOUNDS = {"chain-5": 190}
+
+
+def test_gpu_kernels_per_chain_step_stay_within_their_bound():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "count_launches.py", "--kernels", "--json", *KERNEL_BOUNDS], cwd=EXAMPLES,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = {r["setup"]: r for r in map(json.loads, run.stdout.strip().splitlines())}
+    for setup, bound in KERNEL_BOUNDS.items():
+        assert counts[setup]["total"] <= bound, f"{setup}: {counts[setup]} GPU kernels per step, bound {bound}"
+    # the draft glue's kernels: what the chain's own glue, cat_columns and the k = 1 top-1 cut (101 before)
+    assert counts["chain-5"]["phases"]["draft.compiled"] <= 56

@@ -13,12 +13,15 @@ with it.
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Callable
 
 import torch
 
-__all__ = ["compile_private", "private_copy"]
+__all__ = ["compile_private", "inductor_options", "private_copy"]
+
+_INDUCTOR_OPTIONS: dict = {}  # what `inductor_options` sets for the compiles inside its block
 
 
 def private_copy(fn: Callable) -> Callable:
@@ -32,5 +35,23 @@ def private_copy(fn: Callable) -> Callable:
 
 
 def compile_private(fn: Callable, **options) -> Callable:
-    """`torch.compile(private_copy(fn), **options)`: graphs and recompile count of its own."""
+    """`torch.compile(private_copy(fn), **options)`: graphs and recompile count of its own, with
+    the Inductor options of the enclosing `inductor_options` block (if any)."""
+    if _INDUCTOR_OPTIONS:
+        options = dict(options, options={**_INDUCTOR_OPTIONS, **options.get("options", {})})
     return torch.compile(private_copy(fn), **options)
+
+
+@contextlib.contextmanager
+def inductor_options(**options):
+    """Inductor options (`torch.compile(options=...)`, e.g. ``combo_kernels=True``) for every
+    `compile_private` called inside the block: a decoder builds its compiled pieces inside one
+    (`ExecutionConfig.combo_kernels`). torch.compile keeps the options it was given, so the
+    pieces keep them after the block."""
+    saved = dict(_INDUCTOR_OPTIONS)
+    _INDUCTOR_OPTIONS.update(options)
+    try:
+        yield
+    finally:
+        _INDUCTOR_OPTIONS.clear()
+        _INDUCTOR_OPTIONS.update(saved)

@@ -143,8 +143,14 @@ class ExecutionConfig:
     cuda_graphs: bool | str = "auto"  # capture the step per batch bucket: "auto" = on for CUDA
     graph_batch_sizes: tuple[int, ...] | None = None  # batch buckets; None = 1, 2, 4, ... up to max_batch_size
     threads: int | str = "auto"  # CPU targets: torch threads; "auto" = the cores other work leaves idle (never more than torch's)
+    # Inductor's combo kernels for the compiled pieces: a piece's independent small kernels launched as one
+    # (a draft depth's input piece: 6 GPU kernels -> 1; `examples/count_launches.py --kernels --combo`).
+    # Off until timed on the GPU; CPU code has no combo kernels.
+    combo_kernels: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.combo_kernels, bool):
+            raise ConfigError(f"combo_kernels={self.combo_kernels!r} is not allowed; allowed: True, False")
         for name, words in (("compile", ("auto", "step")), ("cuda_graphs", ("auto",))):
             value = getattr(self, name)
             if not (isinstance(value, bool) or (isinstance(value, str) and value in words)):

@@ -117,6 +117,7 @@ class SpecDecoder:
 
     def __init__(self, target, config: SpecConfig, *, pm: pluggy.PluginManager | None = None, seed: int = 0):
         from ..distributed import SINGLE, check_spmd
+        from ..compile_scope import inductor_options
         from ..models.fused import EAGER, compiled, use_compiled
         from ..runtime.runner import ModelRunner
 
@@ -141,20 +142,22 @@ class SpecDecoder:
             self.pipeline.sizes.num_tree_slots,
             keep_last_hidden=caps.reads == "last_hidden",
         )
-        runner.cache.use_compiled(self.compiled)
-        if caps.attach is not None:
-            caps.attach(runner.cache)  # the draft KV goes on the target's block allocator
-        pieces = compiled() if self.compiled else EAGER  # this decoder's own graphs (`compile_scope`)
-        use_compiled(target.model, pieces=pieces)
-        for module in caps.modules:
-            use_compiled(module, pieces=pieces)
-        if caps.use_compiled is not None:
-            caps.use_compiled(self.compiled)
-        gen = torch.Generator().manual_seed(seed)
-        self.engine = SpecEngine(
-            config, runner, self.strategies, device=device, generator=gen, cuda_graphs=self.cuda_graphs,
-            compiled=self.compiled, compile_step=self.compile_step,
-        )
+        options = {"combo_kernels": True} if config.execution.combo_kernels else {}
+        with inductor_options(**options):  # the compiled pieces below are made with these
+            runner.cache.use_compiled(self.compiled)
+            if caps.attach is not None:
+                caps.attach(runner.cache)  # the draft KV goes on the target's block allocator
+            pieces = compiled() if self.compiled else EAGER  # this decoder's own graphs (`compile_scope`)
+            use_compiled(target.model, pieces=pieces)
+            for module in caps.modules:
+                use_compiled(module, pieces=pieces)
+            if caps.use_compiled is not None:
+                caps.use_compiled(self.compiled)
+            gen = torch.Generator().manual_seed(seed)
+            self.engine = SpecEngine(
+                config, runner, self.strategies, device=device, generator=gen, cuda_graphs=self.cuda_graphs,
+                compiled=self.compiled, compile_step=self.compile_step,
+            )
         self._warned_weak_drafter = False
 
     def warmup(self, *, progress: bool = True):
