@@ -72,17 +72,18 @@ def append_to_path(active, accept_length, accept_tokens, root_tokens, committed_
     """
     row = (accept_length + 1).clamp(0, accept_tokens.shape[1] - 1)  # [B] the new row of each path
     rows = row[:, None]  # [B, 1]
-    accept_tokens.scatter_(1, rows, torch.where(active, token, accept_tokens.gather(1, rows)[:, 0])[:, None])
-    if hidden_path is not None and captured is not None:
-        h = rows[:, :, None].expand(-1, -1, hidden_path.shape[-1])  # [B, 1, w]
-        new = torch.where(active[:, None, None], captured[:, :1].to(hidden_path.dtype), hidden_path.gather(1, h))
-        hidden_path.scatter_(1, h, new)
+    # the writes as selects over the rows (one kernel each; a compiled scatter into a state tensor was a
+    # gather, a scatter and a copy back)
+    col = torch.arange(accept_tokens.shape[1], device=token.device)[None, :]  # [1, N]
+    accept_tokens.copy_(torch.where(active[:, None] & (col == rows), token[:, None], accept_tokens))
+    if hidden_path is not None and captured is not None:  # the state at the root becomes the new row
+        new_row = (active[:, None] & (col == rows))[..., None]  # [B, N, 1]
+        hidden_path.copy_(torch.where(new_row, captured[:, :1].to(hidden_path.dtype), hidden_path))
     accept_length.copy_(torch.where(active, row, accept_length))
     root_tokens.copy_(torch.where(active, token, root_tokens))
     committed_len.add_(active.long())
-    handoff.fill_(-1)
-    handoff[:, 0].fill_(0)
-    handoff[:, 1].copy_(token)
+    out_col = torch.arange(handoff.shape[1], device=token.device)[None, :]  # [1, N + 1]
+    handoff.copy_(torch.where(out_col == 1, token[:, None], torch.where(out_col == 0, 0, -1)))  # length 0, the token
 
 
 class DeviceStep:
