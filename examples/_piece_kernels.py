@@ -10,7 +10,7 @@ module's source is taken when it is complete, and its launches are counted; the 
 themselves are never built (the compile-only driver of tests/_sm90_compile.py stands in for a
 GPU while the code is generated, and the build for a CPU target then fails, as expected).
 
-    python _piece_kernels.py RECORDS.pt [--combo]   # one JSON line per record: kernels, names
+    python _piece_kernels.py RECORDS.pt [--combo] [NAME=VALUE ...]   # one JSON line per record: kernels, names
 
 --combo compiles with Inductor's combo kernels (`ExecutionConfig.combo_kernels`); Inductor
 groups nodes into combo kernels only on GPUs, so here its grouping is run without the CPU
@@ -79,6 +79,10 @@ def main() -> None:
     if "--combo" in sys.argv:
         inductor_config.combo_kernels = True
         scheduler.ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels = staticmethod(_combo_groups)
+    for arg in sys.argv[2:]:  # NAME=VALUE: an Inductor option (int values), e.g. score_fusion_memory_threshold=1
+        if "=" in arg:
+            name, value = arg.split("=", 1)
+            setattr(inductor_config, name, int(value))
     records = torch.load(sys.argv[1], weights_only=False)
     seen: dict = {}
     for module, qualname, args, kwargs, signature in records:

@@ -222,7 +222,7 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     return dict(counter.counts)
 
 
-def piece_kernels(records: list, combo: bool = False) -> list[dict]:
+def piece_kernels(records: list, combo: bool = False, options: tuple[str, ...] = ()) -> list[dict]:
     """Each recorded piece call's GPU kernels (`_piece_kernels.py` in a child process without the
     interpreter): dicts of kernels (None when no code was generated) and names."""
     rows = []
@@ -235,6 +235,7 @@ def piece_kernels(records: list, combo: bool = False) -> list[dict]:
         torch.save(rows, path)
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         child = [sys.executable, str(Path(__file__).with_name("_piece_kernels.py")), str(path)] + (["--combo"] if combo else [])
+        child += list(options)
         run = subprocess.run(child,
                              env=env, capture_output=True, text=True, timeout=3600)
     if run.returncode != 0:
@@ -266,7 +267,9 @@ def main() -> None:
         if shape not in SHAPES:
             sys.exit(f"--shape {shape!r} is unknown; allowed: {list(SHAPES)}")
         del args[i : i + 2]
-    keys = [a for a in args if a not in ("--json", "--kernels", "--names", "--combo")] or list(SETUPS)
+    options = tuple(a for a in args if "=" in a)  # NAME=VALUE: Inductor options for the pieces (with --kernels)
+    kernels_mode = kernels_mode or bool(options)
+    keys = [a for a in args if a not in ("--json", "--kernels", "--names", "--combo") and "=" not in a] or list(SETUPS)
     unknown = [k for k in keys if k not in SETUPS]
     if unknown:
         sys.exit(f"unknown setups {unknown}; allowed: {list(SETUPS)}")
@@ -285,7 +288,7 @@ def main() -> None:
         counter.records = [] if kernels_mode else None
         counts = count_step(key, target, head, counter)
         if kernels_mode:
-            per_call = piece_kernels(counter.records, combo)
+            per_call = piece_kernels(counter.records, combo, options)
             counts = as_kernels(counts, counter.records, per_call)
         total = sum(sum(c.values()) for c in counts.values())
         if as_json:

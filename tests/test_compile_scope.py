@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec import SpecConfig
-from specdec.compile_scope import compile_private, inductor_options, private_copy
+from specdec.compile_scope import PIECE_OPTIONS, compile_private, inductor_options, private_copy
 from specdec.config import ConfigError
 
 
@@ -16,8 +16,9 @@ def test_inductor_options_reach_only_the_compiles_inside_the_block(monkeypatch):
         compile_private(lambda x: x, dynamic=True)
         compile_private(lambda x: x, options={"max_autotune": False})
     compile_private(lambda x: x)
-    assert seen == [dict(dynamic=True, options={"combo_kernels": True}),
-                    dict(options={"combo_kernels": True, "max_autotune": False}), {}]
+    base = PIECE_OPTIONS  # every piece's own
+    assert seen == [dict(dynamic=True, options={**base, "combo_kernels": True}),
+                    dict(options={**base, "combo_kernels": True, "max_autotune": False}), dict(options=base)]
 
 
 def test_a_private_copy_runs_the_same_code_under_its_own_code_object():

@@ -19,9 +19,14 @@ from typing import Callable
 
 import torch
 
-__all__ = ["compile_private", "inductor_options", "private_copy"]
+__all__ = ["PIECE_OPTIONS", "compile_private", "inductor_options", "private_copy"]
 
 _INDUCTOR_OPTIONS: dict = {}  # what `inductor_options` sets for the compiles inside its block
+# Every piece: Inductor fuses two kernels that share an input only when the shared bytes reach
+# `score_fusion_memory_threshold` (10); a batch-1 graph's [1]-row inputs are 1-8 bytes, so its
+# small kernels stayed apart where the same piece's batch >= 2 graph fuses them (a depth's inputs
+# 6 -> 4 kernels, the state advance 5 -> 2; `examples/count_launches.py --kernels`).
+PIECE_OPTIONS = {"score_fusion_memory_threshold": 1}
 
 
 def private_copy(fn: Callable) -> Callable:
@@ -36,9 +41,8 @@ def private_copy(fn: Callable) -> Callable:
 
 def compile_private(fn: Callable, **options) -> Callable:
     """`torch.compile(private_copy(fn), **options)`: graphs and recompile count of its own, with
-    the Inductor options of the enclosing `inductor_options` block (if any)."""
-    if _INDUCTOR_OPTIONS:
-        options = dict(options, options={**_INDUCTOR_OPTIONS, **options.get("options", {})})
+    `PIECE_OPTIONS` and the Inductor options of the enclosing `inductor_options` block (if any)."""
+    options = dict(options, options={**PIECE_OPTIONS, **_INDUCTOR_OPTIONS, **options.get("options", {})})
     return torch.compile(private_copy(fn), **options)
 
 
