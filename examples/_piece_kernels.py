@@ -19,6 +19,7 @@ exclusion (the same windows of up to `combo_kernel_max_num_nodes` nodes in graph
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -87,7 +88,7 @@ def main() -> None:
     seen: dict = {}
     for module, qualname, args, kwargs, signature in records:
         if signature not in seen:
-            fn = sys.modules[module] if module in sys.modules else __import__(module, fromlist=["_"])
+            fn = importlib.import_module(module)
             for part in qualname.split("."):
                 fn = getattr(fn, part)
             seen[signature] = kernels_of(fn, args, kwargs)

@@ -75,10 +75,10 @@ def append_to_path(active, accept_length, accept_tokens, root_tokens, committed_
     # the writes as selects over the rows (one kernel each; a compiled scatter into a state tensor was a
     # gather, a scatter and a copy back)
     col = torch.arange(accept_tokens.shape[1], device=token.device)[None, :]  # [1, N]
-    accept_tokens.copy_(torch.where(active[:, None] & (col == rows), token[:, None], accept_tokens))
+    new_row = active[:, None] & (col == rows)  # [B, N] the row each active path gains
+    accept_tokens.copy_(torch.where(new_row, token[:, None], accept_tokens))
     if hidden_path is not None and captured is not None:  # the state at the root becomes the new row
-        new_row = (active[:, None] & (col == rows))[..., None]  # [B, N, 1]
-        hidden_path.copy_(torch.where(new_row, captured[:, :1].to(hidden_path.dtype), hidden_path))
+        hidden_path.copy_(torch.where(new_row[..., None], captured[:, :1].to(hidden_path.dtype), hidden_path))
     accept_length.copy_(torch.where(active, row, accept_length))
     root_tokens.copy_(torch.where(active, token, root_tokens))
     committed_len.add_(active.long())

@@ -63,10 +63,16 @@ def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     val, pick = part_val.reshape(-1, S * k).topk(k, dim=-1)  # [R, k]
     tok = part_idx.gather(1, pick)  # [R, k]
     top = val[:, :1]  # [R, 1] the row's max
-    shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    shift = _shift(top)
     total = (x - shift[:, :, None]).exp().sum(-1).sum(-1, keepdim=True)  # [R, 1] chunk sums, then rows
     lp = clean_logq((val - shift) - total.log())  # [R, k]
     return tok.reshape(*lead, k), lp.reshape(*lead, k)
+
+
+def _shift(top: torch.Tensor) -> torch.Tensor:
+    """What the exponentials are taken relative to: the max where it is finite, else 0 (a row
+    or chunk of -inf sums to 0, one holding +inf to inf; both then give a log-probability of -inf)."""
+    return torch.where(torch.isfinite(top), top, 0.0)
 
 
 def _top1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,10 +83,10 @@ def _top1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a finite max gives -inf."""
     C = x.shape[-1]
     part_max, part_arg = x.max(-1)  # [R, S]
-    part_shift = torch.where(torch.isfinite(part_max), part_max, 0.0)
+    part_shift = _shift(part_max)
     part_sum = (x - part_shift[..., None]).exp().sum(-1)  # [R, S]
     top, chunk = part_max.max(-1, keepdim=True)  # [R, 1]
-    shift = torch.where(torch.isfinite(top), top, 0.0)
+    shift = _shift(top)
     # an all -inf chunk adds nothing (its sum is 0; exp(0 - shift) alone may overflow)
     weighted = torch.where(part_max == float("-inf"), 0.0, part_sum * (part_shift - shift).exp())
     total = weighted.sum(-1, keepdim=True)  # [R, 1]

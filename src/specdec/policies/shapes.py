@@ -69,6 +69,11 @@ def _chain_finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
     return torch.where(valid, tokens, 0), torch.where(valid, depth, -1), valid.sum(-1), dist_index
 
 
+def _history_index(t: int):
+    """The maker of the [1, 1] int64 constant t (`FrontierPolicy._const`): a chain's node t's history index."""
+    return lambda device: torch.full((1, 1), t, dtype=torch.int64, device=device)
+
+
 def _every(policy: FrontierPolicy, scores: torch.Tensor) -> torch.Tensor:
     """Keep every history node, in order: [B, M] int64 (a constant view: no launch per step)."""
     M = scores.shape[1]
@@ -108,7 +113,7 @@ class LinearPolicy(FrontierPolicy):
     def prepare(self, device) -> None:
         super().prepare(device)
         for t in range(self.depth):
-            self._const(f"hist{t}", torch.device(device), lambda d, t=t: torch.full((1, 1), t, dtype=torch.int64, device=d))
+            self._const(f"hist{t}", torch.device(device), _history_index(t))
 
     def _pick(self, t, score):  # the call's one candidate (a constant view: no launch)
         return self._const("zero", score.device, zero_index).expand(score.shape[0], 1)
@@ -117,8 +122,7 @@ class LinearPolicy(FrontierPolicy):
         """`_next_frontier` of a chain (F = K = 1, idx = 0): the candidate's token and score
         [B, 1] as they are, its history index `offset` and parent row 0 as constant views."""
         B = flat_tok.shape[0]
-        hist = self._const(f"hist{offset}", flat_tok.device,
-                           lambda d: torch.full((1, 1), offset, dtype=torch.int64, device=d))
+        hist = self._const(f"hist{offset}", flat_tok.device, _history_index(offset))
         return flat_tok, score, hist.expand(B, 1), idx
 
     def _select(self, scores):
