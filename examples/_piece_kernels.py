@@ -34,6 +34,7 @@ from torch._inductor.graph import GraphLowering  # noqa: E402
 from specdec.compile_scope import compile_private  # noqa: E402
 
 inductor_config.cpu_backend = "triton"
+inductor_config.fx_graph_cache = False  # a cached graph is loaded, not generated: its source would be missed
 _SOURCES: list[str] = []
 _compile_to_module = GraphLowering.compile_to_module
 
@@ -66,6 +67,39 @@ def kernels_of(fn, args, kwargs) -> list[str] | None:
     return names
 
 
+def _count_user_kernels() -> None:
+    """A piece that launches Triton kernels of its own on CUDA (`ops.top_logprobs`, k > 1) takes
+    its PyTorch path on CPU tensors; here it takes the kernels' path, each kernel an opaque op
+    (one launch in the generated `call()`) with the kernel's output shapes."""
+    import specdec.ops.top_logprobs as ops_top
+
+    @torch.library.custom_op("specdec_count::chunk_top_kernel", mutates_args=())
+    def chunk_top(x: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        R = x.shape[0]
+        return (x.new_empty(R, chunks, k), x.new_empty(R, chunks, k, dtype=torch.int64),
+                x.new_empty(R, chunks), x.new_empty(R, chunks))
+
+    @chunk_top.register_fake
+    def _(x, k, chunks):
+        return (x.new_empty(x.shape[0], chunks, k), x.new_empty(x.shape[0], chunks, k, dtype=torch.int64),
+                x.new_empty(x.shape[0], chunks), x.new_empty(x.shape[0], chunks))
+
+    @torch.library.custom_op("specdec_count::merge_top_kernel", mutates_args=())
+    def merge_top(val: torch.Tensor, tok: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor,
+                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return tok.new_empty(val.shape[0], k), val.new_empty(val.shape[0], k)
+
+    @merge_top.register_fake
+    def _(val, tok, part_max, part_sum, k):
+        return tok.new_empty(val.shape[0], k), val.new_empty(val.shape[0], k)
+
+    def kernels_path(x, k, chunks):
+        return merge_top(*chunk_top(x, k, chunks), k)
+
+    ops_top._runs_triton = lambda impl, logits: True
+    ops_top.top_logprobs_triton = kernels_path
+
+
 def _combo_groups(scheduler) -> list:
     """Inductor's default grouping for combo kernels, CPU nodes included."""
     size = inductor_config.combo_kernel_max_num_nodes
@@ -84,6 +118,7 @@ def main() -> None:
         if "=" in arg:
             name, value = arg.split("=", 1)
             setattr(inductor_config, name, int(value))
+    _count_user_kernels()
     records = torch.load(sys.argv[1], weights_only=False)
     seen: dict = {}
     for module, qualname, args, kwargs, signature in records:

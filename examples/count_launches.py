@@ -149,7 +149,8 @@ def instrument(counter: LaunchCounter) -> None:
     run = triton_interpreter.InterpretedFunction.run
 
     def counted_run(self, *args, **kwargs):
-        counter.one_launch(f"triton:{getattr(self.fn, '__name__', '?')}")
+        if not counter.opaque:  # inside a compiled piece the piece's own count stands (--kernels: its kernels)
+            counter.one_launch(f"triton:{getattr(self.fn, '__name__', '?')}")
         counter.opaque += 1
         try:
             return run(self, *args, **kwargs)
@@ -306,8 +307,9 @@ def main() -> None:
             if names_mode:
                 shown = set()
                 for (_, label, *_), k in zip(counter.records, per_call):
-                    if label not in shown:
-                        shown.add(label)
+                    seen = (label, tuple(k["names"] or ()))
+                    if seen not in shown:  # each distinct kernel list of a piece once
+                        shown.add(seen)
                         print(f"    {label}: {k['names']}")
 
 

@@ -83,7 +83,8 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 JITFunction.run = _compile_only
 
 from specdec.kernels import kv_relocate, kv_write, rope_kv_write, tree_attention, tree_build  # noqa: E402
-from specdec.kernels import verify_greedy, verify_speculative, verify_target_only  # noqa: E402
+from specdec.kernels import top_logprobs, verify_greedy, verify_speculative, verify_target_only  # noqa: E402
+from specdec.ops.top_logprobs import chunk_count  # noqa: E402
 
 I64 = torch.int64
 
@@ -119,6 +120,14 @@ def tree() -> None:
             outs = [torch.empty(B, N, W, dtype=torch.int32)] + [torch.empty(B, N, dtype=I64) for _ in range(4)]
             tree_build.build_tree_triton(torch.zeros(B, N, dtype=I64), torch.ones(B, dtype=I64), *outs)
             print(f"ok tree build B={B} N={N}")
+    # a tree drafter's k best children per frontier row (rows = B x F), at the draft vocabularies
+    for rows in (1, 8, 60):
+        for V in (16384, 32000) + VOCABS[:3]:
+            for k in (2, 8, 10, 16):
+                for dtype in (torch.bfloat16, torch.float32):
+                    x = torch.empty(rows, V, dtype=dtype)
+                    top_logprobs.top_logprobs_triton(x, k, chunk_count(V, k))
+            print(f"ok top logprobs rows={rows} V={V}")
 
 
 def kv() -> None:

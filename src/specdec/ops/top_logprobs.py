@@ -9,6 +9,8 @@ Here each row is cut into S chunks: a top-k and a sum of exponentials per chunk 
 as many blocks, and a second top-k over the S * k survivors picks the result; the
 log-softmax itself is never written out. For k = 1 no top-k runs at all: each chunk's max,
 argmax and sum of exponentials are one reduction, the row's a second (`_top1`).
+On CUDA, 1 < k <= 16 runs as two Triton kernels (`kernels.top_logprobs`: each chunk's
+sum and k best held in registers, then a merge per row), the PyTorch path as their reference.
 
 Same tokens as `topk(log_softmax(x))` (ties may be ordered differently, as `torch.topk` may);
 log-probabilities equal to `log_softmax` up to the rounding of the sum's order. NaN logits
@@ -20,10 +22,14 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.top_logprobs import MAX_K, top_logprobs_triton
+from .dispatch import use_triton
+
 __all__ = ["chunk_count", "clean_logq", "nan_to_minus_inf", "top_logprobs", "top_logprobs_ref"]
 
 MIN_CHUNK = 128  # a chunk shorter than this gains no parallelism worth a second top-k
 CHUNK_COUNTS = (64, 32, 16, 8, 4, 2)
+MAX_TRITON_CHUNK = 4096  # the chunk kernel holds a chunk in registers
 
 
 def chunk_count(vocab: int, k: int) -> int:
@@ -45,14 +51,22 @@ def clean_logq(logq: torch.Tensor) -> torch.Tensor:
     return nan_to_minus_inf(logq).clamp(max=0.0)
 
 
-def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_logprobs(logits: torch.Tensor, k: int, *, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [..., k] int64, log-probabilities [..., k] float32) of the k largest
-    log-softmax values of each row of `logits` [..., V] (k <= V), best first."""
+    log-softmax values of each row of `logits` [..., V] (k <= V), best first.
+
+    impl: "auto" | "triton" | "ref" (`specdec.ops.dispatch`): for 1 < k <= `MAX_K` and chunks of
+    at most MAX_TRITON_CHUNK logits, "auto" runs the two kernels of `kernels.top_logprobs` on CUDA
+    (2 GPU kernels where the PyTorch path compiles to 7); otherwise, and for "ref", the PyTorch
+    path below."""
     *lead, V = logits.shape
     if not 1 <= k <= V:
         raise ValueError(f"top_logprobs: k={k} must be in [1, {V}] (the row length)")
     S = chunk_count(V, k)
     C = V // S
+    if k > 1 and _triton_fits(k, C, impl) and _runs_triton(impl, logits):
+        tok, lp = top_logprobs_triton(logits.reshape(-1, V).contiguous(), k, S)
+        return tok.reshape(*lead, k), lp.reshape(*lead, k)
     x = nan_to_minus_inf(logits.float()).reshape(-1, S, C)  # [R, S, C]
     if k == 1:
         tok, lp = _top1(x)
@@ -67,6 +81,21 @@ def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     total = (x - shift[:, :, None]).exp().sum(-1).sum(-1, keepdim=True)  # [R, 1] chunk sums, then rows
     lp = clean_logq((val - shift) - total.log())  # [R, k]
     return tok.reshape(*lead, k), lp.reshape(*lead, k)
+
+
+def _runs_triton(impl: str, logits: torch.Tensor) -> bool:
+    """Whether this device runs the kernels: CUDA, or Triton's interpreter outside torch.compile
+    (a compiled CPU graph takes the PyTorch path)."""
+    return use_triton(impl, logits) and (logits.is_cuda or not torch.compiler.is_compiling())
+
+
+def _triton_fits(k: int, C: int, impl: str) -> bool:
+    """Whether the Triton kernels take this call (`impl="triton"` outside their range is an error)."""
+    fits = k <= MAX_K and C <= MAX_TRITON_CHUNK
+    if impl == "triton" and not fits:
+        raise ValueError(f"top_logprobs(impl='triton'): k={k} must be in [2, {MAX_K}] and a chunk ({C} logits) at "
+                         f"most {MAX_TRITON_CHUNK}; use impl='auto' or 'ref'")
+    return fits
 
 
 def _shift(top: torch.Tensor) -> torch.Tensor:
