@@ -90,7 +90,7 @@ SMOLLM2_SHAPE = dataclasses.replace(
 SHAPES = {"tiny": QUICK_TARGET, "smollm2": SMOLLM2_SHAPE}
 H200_SMS = 132
 DRAFTER_PIECES = ("best_children", "depth_inputs", "ingest_inputs", "ingest_outputs", "tree_of")
-POLICY_PIECES = ("_rank", "_score_call", "_next_frontier", "_finish")
+POLICY_PIECES = ("_rank", "_score_call", "_next_frontier", "_ranked_call", "_ranked_close", "_finish")
 
 
 class LaunchCounter(TorchDispatchMode):

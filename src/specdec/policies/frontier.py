@@ -118,7 +118,7 @@ class FrontierPolicy:
             F, K = self.widths[t], self.children[t]
             cand = expand(Frontier(depth=t, tokens=fr_tok, parent_slot=parent_slot, k=K))
             _check_candidates(cand, B, F, K, t, self.name)
-            score, flat_tok, parent = self._score_call(fr_score, cand.logq, cand.tokens, fr_hist)  # [B, F*K] each
+            score, flat_tok, parent, nxt = self._call(t, fr_score, cand, fr_hist, offset)  # [B, F*K] / [B, F, K]
             hist_tok.append(flat_tok)
             hist_score.append(score)
             hist_parent.append(parent)
@@ -126,20 +126,37 @@ class FrontierPolicy:
             if t > 0:
                 expanded.append((fr_hist, rows))
             rows += F
-            if t + 1 < self.depth:
-                idx = self._pick(t, score)  # [B, F_{t+1}]
-                fr_tok, fr_score, fr_hist, parent_slot = self._next_frontier(flat_tok, score, idx, offset, K)
+            if nxt is not None:
+                fr_tok, fr_score, fr_hist, parent_slot = nxt  # [B, F_{t+1}] each
             offset += F * K
-        scores = torch.cat(hist_score, 1)  # [B, M]
-        sel = self._select(scores)  # [B, S]
         dists = dist_of = None
         if all(p is not None for p in probs):
             dists = torch.cat([p.float() for p in probs], 1)  # [B, E, Vd]
             dist_of = torch.full((B, offset), -1, dtype=torch.int64, device=device)  # history -> dist row
             for hist, first in expanded:
                 dist_of.scatter_(1, hist, first + torch.arange(hist.shape[1], device=device).expand_as(hist))
-        tokens, parents, num_nodes, dist_index = self._finish(sel, hist_tok, hist_parent, scores, dist_of)
+        tokens, parents, num_nodes, dist_index = self._close(hist_score, hist_tok, hist_parent, dist_of)
         return GrownTree(tokens=tokens, parents=parents, num_nodes=num_nodes, dist_index=dist_index, dists=dists)
+
+
+    def _call(self, t: int, fr_score, cand: Candidates, fr_hist, offset: int):
+        """Call t's candidates into the history and, before the last call, the next frontier:
+        (score [B, F*K], tokens [B, F*K], parents [B, F, K], (tokens, scores, history indices,
+        parent rows) [B, F_{t+1}] each, or None after the last call)."""
+        score, flat_tok, parent = self._score_call(fr_score, cand.logq, cand.tokens, fr_hist)
+        if t + 1 == self.depth:
+            return score, flat_tok, parent, None
+        idx = self._pick(t, score)  # [B, F_{t+1}]
+        return score, flat_tok, parent, self._next_frontier(flat_tok, score, idx, offset, self.children[t])
+
+
+    def _close(self, hist_score: list, hist_tok: list, hist_parent: list, dist_of):
+        """The kept nodes of the whole history as the tree (tokens, parents, num_nodes, dist_index):
+        every call's scores [B, M], `_select`, then `_finish`. Policies whose selection needs no
+        launch of its own fold the scores' concatenation into their `_finish` piece."""
+        scores = torch.cat(hist_score, 1)  # [B, M]
+        sel = self._select(scores)  # [B, S]
+        return self._finish(sel, hist_tok, hist_parent, scores, dist_of)
 
 
 def root_score(device) -> torch.Tensor:
@@ -159,11 +176,16 @@ def zero_index(device) -> torch.Tensor:
 
 def _score_call(fr_score: torch.Tensor, logq: torch.Tensor, tokens: torch.Tensor, fr_hist: torch.Tensor):
     """Call t's candidates into the history: fr_score [B, F], logq / tokens [B, F, K], fr_hist
-    [B, F] -> path scores, tokens and parent history indices, each [B, F * K]."""
-    B, F, K = tokens.shape
-    score = (fr_score[:, :, None] + clean_logq(logq.float())).reshape(B, F * K)
-    parent = fr_hist[:, :, None].expand(B, F, K).reshape(B, F * K)
-    return score, tokens.reshape(B, F * K), parent
+    [B, F] -> path scores [B, F * K], tokens [B, F * K] and parent history indices [B, F, K]
+    (an expanded view of fr_hist: `_finish` flattens it inside its own kernel, where a copy here
+    was a GPU kernel per call).
+
+    `flatten`, not `reshape(B, F * K)` with F, K read off `tokens`: in a dynamic-shape graph
+    the sum's sizes are logq's symbols, which Inductor cannot prove equal to tokens', so such a
+    reshape wrote the scores twice (two kernels)."""
+    score = (fr_score[:, :, None] + clean_logq(logq.float())).flatten(1)
+    parent = fr_hist[:, :, None].expand(tokens.shape)
+    return score, tokens.flatten(1), parent
 
 
 def _next_frontier(flat_tok: torch.Tensor, score: torch.Tensor, idx: torch.Tensor, offset: int, K: int):
@@ -174,8 +196,11 @@ def _next_frontier(flat_tok: torch.Tensor, score: torch.Tensor, idx: torch.Tenso
 
 def _finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
     """`assemble` over the per-call history pieces, as a tuple (tokens, parents, num_nodes,
-    dist_index): a compiled piece returns tensors, not a `GrownTree`."""
-    tree = assemble(sel, cat_columns(hist_tok), cat_columns(hist_parent), scores, dist_of)
+    dist_index): a compiled piece returns tensors, not a `GrownTree`. `scores`: [B, M], or the
+    calls' pieces (concatenated here, in this piece's kernels)."""
+    if isinstance(scores, (list, tuple)):
+        scores = cat_columns(scores)
+    tree = assemble(sel, cat_columns(hist_tok), cat_columns([p.flatten(1) for p in hist_parent]), scores, dist_of)
     return tree.tokens, tree.parents, tree.num_nodes, tree.dist_index
 
 

@@ -31,7 +31,7 @@ from ..compile_scope import compile_private
 from ..config import ConfigError, SpecConfig
 from ..ops.columns import cat_columns
 from .candidates import stable_topk
-from .frontier import FrontierPolicy, zero_index
+from .frontier import FrontierPolicy, _finish, _next_frontier, _score_call, zero_index
 from .static_tree import StaticTree, read_choices, static_tree
 
 __all__ = ["LinearPolicy", "DynamicPolicy", "SampledPolicy", "StaticPolicy", "group_sizes", "history_size", "builtin", "BUILTIN"]
@@ -61,8 +61,12 @@ def _chain_finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
     """`frontier.assemble` of a chain, every node kept (as `_finish`: tokens, parents, num_nodes,
     dist_index). Node t's parent is node t - 1 (tree index t); the valid nodes (finite path
     score) are a prefix, since a path score that is -inf or NaN stays so down the chain, so no
-    sort is needed: each field is the history itself, cut where the scores stop being valid."""
+    sort is needed: each field is the history itself, cut where the scores stop being valid.
+    `scores`: [B, D], or the calls' D columns [B, 1] (`LinearPolicy._close`: concatenated here,
+    in this piece's kernel, not by a launch of their own)."""
     tokens = cat_columns(hist_tok)  # [B, D]
+    if isinstance(scores, (list, tuple)):
+        scores = cat_columns(scores)
     valid = scores > float("-inf")  # [B, D]; NaN is not valid
     depth = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
     dist_index = None if dist_of is None else torch.where(valid, dist_of, -1)
@@ -76,21 +80,55 @@ def _history_index(t: int):
 
 def _every(policy: FrontierPolicy, scores: torch.Tensor) -> torch.Tensor:
     """Keep every history node, in order: [B, M] int64 (a constant view: no launch per step)."""
-    M = scores.shape[1]
-    arange = policy._const(f"arange{M}", scores.device, lambda d: torch.arange(M, device=d)[None])
-    return arange.expand(scores.shape[0], M)
+    return _every_of(policy, scores.shape[0], scores.shape[1], scores.device)
+
+
+def _every_of(policy: FrontierPolicy, B: int, M: int, device) -> torch.Tensor:
+    """`_every` of a [B, M] history."""
+    arange = policy._const(f"arange{M}", device, lambda d: torch.arange(M, device=d)[None])
+    return arange.expand(B, M)
+
+
+def _ranked_close(hist_score: list, hist_tok: list, hist_parent: list, S: int):
+    """`FrontierPolicy._close` of a policy that keeps the S best-scored nodes, as one piece: the
+    scores' concatenation, their ranking and the assembly (apart: an eager `torch.cat`, `_best`
+    and `_finish`)."""
+    scores = cat_columns(hist_score)  # [B, M]
+    return _finish(_best(scores, S), hist_tok, hist_parent, scores, None)
+
+
+def _ranked_call(fr_score, logq, tokens, fr_hist, width: int, offset: int, K: int):
+    """`FrontierPolicy._call` of a ranked policy before its last call, as one piece: the scores,
+    their ranking and the next frontier's gathers (`_score_call`, `_best`, `_next_frontier`:
+    apart, four pieces and five GPU kernels a call)."""
+    score, flat_tok, parent = _score_call(fr_score, logq, tokens, fr_hist)
+    idx = _best(score, width)  # [B, width]
+    return (score, flat_tok, parent) + _next_frontier(flat_tok, score, idx, offset, K)
 
 
 class _Ranked(FrontierPolicy):
-    """Policies whose frontier is the best-scored candidates (compiled glue available)."""
+    """Policies whose next frontier is the best-scored candidates of a call (`widths[t + 1]` of
+    them); the scoring, ranking and gathers of a call run as one compiled piece (`_ranked_call`)
+    unless a subclass picks otherwise (overrides `_pick`)."""
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
-        self._rank = _best
+        self._rank, self._ranked_call = _best, _ranked_call
 
     def use_compiled(self, on: bool = True) -> None:
         super().use_compiled(on)
         self._rank = compile_private(_best, dynamic=True, fullgraph=True) if on else _best
+        self._ranked_call = compile_private(_ranked_call, dynamic=True, fullgraph=True) if on else _ranked_call
+
+    def _pick(self, t, score):
+        return self._rank(score, self.widths[t + 1])
+
+    def _call(self, t, fr_score, cand, fr_hist, offset):
+        if t + 1 == self.depth or type(self)._pick is not _Ranked._pick:
+            return super()._call(t, fr_score, cand, fr_hist, offset)
+        score, flat_tok, parent, *nxt = self._ranked_call(fr_score, cand.logq, cand.tokens, fr_hist, self.widths[t + 1],
+                                                          offset, self.children[t])
+        return score, flat_tok, parent, tuple(nxt)
 
 
 class LinearPolicy(FrontierPolicy):
@@ -128,6 +166,13 @@ class LinearPolicy(FrontierPolicy):
     def _select(self, scores):
         return _every(self, scores)
 
+    def _close(self, hist_score, hist_tok, hist_parent, dist_of):
+        if type(self)._select is not LinearPolicy._select:
+            return super()._close(hist_score, hist_tok, hist_parent, dist_of)
+        # every node kept (a constant view): the score columns go to `_finish` as they are
+        sel = _every_of(self, hist_score[0].shape[0], self.history_size, hist_score[0].device)
+        return self._finish(sel, hist_tok, hist_parent, hist_score, dist_of)
+
     def __repr__(self) -> str:
         return f"LinearPolicy(depth={self.depth}, samples={self.samples})"
 
@@ -143,12 +188,19 @@ class DynamicPolicy(_Ranked):
             )
         super().__init__((1,) + (topk,) * (depth - 1), (topk,) * depth, budget, samples=False, name=name)
         self.topk = topk
-
-    def _pick(self, t, score):
-        return self._rank(score, self.topk)
+        self._ranked_close = _ranked_close
 
     def _select(self, scores):
         return self._rank(scores, self.num_nodes)
+
+    def use_compiled(self, on: bool = True) -> None:
+        super().use_compiled(on)
+        self._ranked_close = compile_private(_ranked_close, dynamic=True, fullgraph=True) if on else _ranked_close
+
+    def _close(self, hist_score, hist_tok, hist_parent, dist_of):
+        if dist_of is not None or type(self)._select is not DynamicPolicy._select:
+            return super()._close(hist_score, hist_tok, hist_parent, dist_of)
+        return self._ranked_close(hist_score, hist_tok, hist_parent, self.num_nodes)
 
     def __repr__(self) -> str:
         return f"DynamicPolicy(topk={self.topk}, depth={self.depth}, budget={self.num_nodes})"
@@ -160,9 +212,6 @@ class SampledPolicy(_Ranked):
     def __init__(self, sizes: tuple[int, ...], *, name: str = "sampled") -> None:
         super().__init__((1,) * len(sizes), tuple(sizes), sum(sizes), samples=True, name=name)
         self.sizes = tuple(sizes)
-
-    def _pick(self, t, score):
-        return self._rank(score, 1)
 
     def _select(self, scores):
         return _every(self, scores)
