@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op
 
 from .launch import wrap_triton
 
@@ -103,6 +104,7 @@ def _merge_top_kernel(
         tl.store(out_lp_ptr + row * K + i, lp)
 
 
+@triton_op("specdec::top_logprobs", mutates_args={})  # a custom op: torch.compile calls it, not traces its launcher
 def top_logprobs_triton(x: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, V] (last dim contiguous) -> (tokens [R, k] int64, log-probabilities [R, k] float32),
     the row cut into `chunks` equal chunks (`ops.top_logprobs.chunk_count`); 1 <= k <= MAX_K and
