@@ -155,3 +155,15 @@ def test_equal_logits_go_to_the_lower_token_id_in_the_kernels():
 def test_impl_triton_outside_the_kernels_range_is_an_error_naming_it():
     with pytest.raises(ValueError, match=r"k=17 must be in \[2, 16\]"):
         top_logprobs(torch.zeros(1, 4096).to(DEVICE), 17, impl="triton")
+
+
+def test_the_kernels_launch_through_a_custom_op_that_compiled_pieces_call_whole():
+    # A plain launcher inside a compiled piece made Dynamo trace `wrap_triton` and fail on every tree setup
+    # on the H200 (fcecbb9, notes/gpu/check_fcecbb9_failed). The CPU cannot compile the CUDA path, so what is
+    # checked here is that the launcher is the registered op a graph calls as one node, and that it computes.
+    op = torch.ops.specdec.top_logprobs.default
+    logits = distinct_logits((2,), 4096, 7, 30.0).to(DEVICE)
+    tok, lp = op(logits, 8, chunk_count(4096, 8))
+    want_tok, want_lp = top_logprobs_ref(logits, 8)
+    assert torch.equal(tok, want_tok)
+    torch.testing.assert_close(lp, want_lp, rtol=0, atol=2e-5)
