@@ -118,7 +118,7 @@ class FrontierPolicy:
             F, K = self.widths[t], self.children[t]
             cand = expand(Frontier(depth=t, tokens=fr_tok, parent_slot=parent_slot, k=K))
             _check_candidates(cand, B, F, K, t, self.name)
-            score, flat_tok, parent, nxt = self._call(t, fr_score, cand, fr_hist, offset)  # [B, F*K] / [B, F, K]
+            score, flat_tok, parent, nxt = self._call(t, fr_score, cand, fr_hist, offset)  # [B, F*K] each
             hist_tok.append(flat_tok)
             hist_score.append(score)
             hist_parent.append(parent)
@@ -141,7 +141,7 @@ class FrontierPolicy:
 
     def _call(self, t: int, fr_score, cand: Candidates, fr_hist, offset: int):
         """Call t's candidates into the history and, before the last call, the next frontier:
-        (score [B, F*K], tokens [B, F*K], parents [B, F, K], (tokens, scores, history indices,
+        (score, tokens, parents [B, F*K] each, (tokens, scores, history indices,
         parent rows) [B, F_{t+1}] each, or None after the last call)."""
         score, flat_tok, parent = self._score_call(fr_score, cand.logq, cand.tokens, fr_hist)
         if t + 1 == self.depth:
@@ -176,15 +176,16 @@ def zero_index(device) -> torch.Tensor:
 
 def _score_call(fr_score: torch.Tensor, logq: torch.Tensor, tokens: torch.Tensor, fr_hist: torch.Tensor):
     """Call t's candidates into the history: fr_score [B, F], logq / tokens [B, F, K], fr_hist
-    [B, F] -> path scores [B, F * K], tokens [B, F * K] and parent history indices [B, F, K]
-    (an expanded view of fr_hist: `_finish` flattens it inside its own kernel, where a copy here
-    was a GPU kernel per call).
+    [B, F] -> path scores, tokens and parent history indices, each [B, F * K].
 
     `flatten`, not `reshape(B, F * K)` with F, K read off `tokens`: in a dynamic-shape graph
     the sum's sizes are logq's symbols, which Inductor cannot prove equal to tokens', so such a
-    reshape wrote the scores twice (two kernels)."""
+    reshape wrote the scores twice (two kernels). The parents stay a copy: handed on as an
+    expanded view and flattened inside `_finish`'s gathers, they saved a kernel per call on the
+    GPU but broke torch 2.13's CPU Inductor (an indirect index's range lost: "vr must not be
+    None for symbol indirect0")."""
     score = (fr_score[:, :, None] + clean_logq(logq.float())).flatten(1)
-    parent = fr_hist[:, :, None].expand(tokens.shape)
+    parent = fr_hist[:, :, None].expand(tokens.shape).flatten(1)
     return score, tokens.flatten(1), parent
 
 
@@ -200,7 +201,7 @@ def _finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
     calls' pieces (concatenated here, in this piece's kernels)."""
     if isinstance(scores, (list, tuple)):
         scores = cat_columns(scores)
-    tree = assemble(sel, cat_columns(hist_tok), cat_columns([p.flatten(1) for p in hist_parent]), scores, dist_of)
+    tree = assemble(sel, cat_columns(hist_tok), cat_columns(hist_parent), scores, dist_of)
     return tree.tokens, tree.parents, tree.num_nodes, tree.dist_index
 
 
