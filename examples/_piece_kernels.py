@@ -73,25 +73,20 @@ def _count_user_kernels() -> None:
     (one launch in the generated `call()`) with the kernel's output shapes."""
     import specdec.ops.top_logprobs as ops_top
 
-    @torch.library.custom_op("specdec_count::chunk_top_kernel", mutates_args=())
-    def chunk_top(x: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        R = x.shape[0]
+    def chunk_shapes(x: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        R = x.shape[0]  # each chunk's k best values and tokens, its max and its sum
         return (x.new_empty(R, chunks, k), x.new_empty(R, chunks, k, dtype=torch.int64),
                 x.new_empty(R, chunks), x.new_empty(R, chunks))
 
-    @chunk_top.register_fake
-    def _(x, k, chunks):
-        return (x.new_empty(x.shape[0], chunks, k), x.new_empty(x.shape[0], chunks, k, dtype=torch.int64),
-                x.new_empty(x.shape[0], chunks), x.new_empty(x.shape[0], chunks))
+    def merge_shapes(val: torch.Tensor, tok: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return tok.new_empty(val.shape[0], k), val.new_empty(val.shape[0], k)  # the row's k tokens and log-probabilities
 
-    @torch.library.custom_op("specdec_count::merge_top_kernel", mutates_args=())
-    def merge_top(val: torch.Tensor, tok: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor,
-                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return tok.new_empty(val.shape[0], k), val.new_empty(val.shape[0], k)
-
-    @merge_top.register_fake
-    def _(val, tok, part_max, part_sum, k):
-        return tok.new_empty(val.shape[0], k), val.new_empty(val.shape[0], k)
+    # the stand-ins only shape their outputs, so one function is both the op and its fake
+    chunk_top = torch.library.custom_op("specdec_count::chunk_top_kernel", chunk_shapes, mutates_args=())
+    chunk_top.register_fake(chunk_shapes)
+    merge_top = torch.library.custom_op("specdec_count::merge_top_kernel", merge_shapes, mutates_args=())
+    merge_top.register_fake(merge_shapes)
 
     def kernels_path(x, k, chunks):
         return merge_top(*chunk_top(x, k, chunks), k)

@@ -138,7 +138,6 @@ class FrontierPolicy:
         tokens, parents, num_nodes, dist_index = self._close(hist_score, hist_tok, hist_parent, dist_of)
         return GrownTree(tokens=tokens, parents=parents, num_nodes=num_nodes, dist_index=dist_index, dists=dists)
 
-
     def _call(self, t: int, fr_score, cand: Candidates, fr_hist, offset: int):
         """Call t's candidates into the history and, before the last call, the next frontier:
         (score, tokens, parents [B, F*K] each, (tokens, scores, history indices,
@@ -148,7 +147,6 @@ class FrontierPolicy:
             return score, flat_tok, parent, None
         idx = self._pick(t, score)  # [B, F_{t+1}]
         return score, flat_tok, parent, self._next_frontier(flat_tok, score, idx, offset, self.children[t])
-
 
     def _close(self, hist_score: list, hist_tok: list, hist_parent: list, dist_of):
         """The kept nodes of the whole history as the tree (tokens, parents, num_nodes, dist_index):
