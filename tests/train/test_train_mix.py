@@ -37,7 +37,9 @@ def _pair(p: Prompt) -> tuple[str, str, str]:
 
 
 def _all(split):
-    return mix.instruct_prompts(split) + mix.header_prompts(split) + mix.math_prompts(split, 200)
+    """Every templated prompt of `split`, both instruction pools."""
+    instruct = mix.dedup(mix.instruct_prompts(split) + mix.instruct_prompts(split, "wide"))
+    return instruct + mix.header_prompts(split) + mix.math_prompts(split, 200)
 
 
 # --------------------------------------------------------------------------- determinism, dedup
@@ -88,6 +90,46 @@ def test_no_heldout_topic_or_template_reaches_training():
     assert not held_texts & {mix.normalize(p.text) for p in train}
     # a comparison in training never names a held-out topic as its second topic either
     assert not any(t in p.text for p in train for t in mix.HELDOUT_TOPICS)
+
+
+def test_the_wide_pool_adds_only_training_topics_and_ways_of_asking():
+    from specdec.train.wide_topics import MORE_TEMPLATES, MORE_TOPICS
+
+    held = {mix.normalize(t) for t in mix.HELDOUT_TOPICS}
+    base = {mix.normalize(t) for v in mix.TOPICS.values() for t in v}
+    more = [t for v in MORE_TOPICS.values() for t in v]
+    assert len({mix.normalize(t) for t in more}) == len(more) >= 300  # no topic twice
+    for t in more:
+        n = mix.normalize(t)
+        assert n not in base and not any(h in n for h in held), t  # no held-out topic, even inside another
+        assert "|" not in t and ":" not in t and t == t.strip(), t  # topics go into Prompt.source
+    assert not set(MORE_TEMPLATES) & (set(mix.INSTRUCT_TEMPLATES) | mix.HELDOUT_TEMPLATES)
+    for _, text in MORE_TEMPLATES.values():
+        assert "{t}" in text and text.format(t="x", u="y")
+    base_train = mix.instruct_prompts("train")
+    wide_train, wide_held = mix.instruct_prompts("train", "wide"), mix.instruct_prompts("heldout", "wide")
+    assert {p.text for p in base_train} <= {p.text for p in wide_train}  # the base pool, and more
+    assert len(mix.dedup(wide_train)) == len(wide_train) == 11616 and len(base_train) == 696  # as the docs say
+    assert {p.kind for p in wide_train} == {"general-chat", "chat-about-code"}
+    assert all(mix.split_of(p.source) == "train" for p in wide_train)
+    assert all(mix.split_of(p.source) == "heldout" for p in wide_held)
+    assert not any(h in p.text.lower() for p in wide_train for h in held)
+    frozen = {mix.normalize(p.text) for p in frozen_category_prompts()}
+    assert not frozen & {mix.normalize(p.text) for p in wide_train}
+    with pytest.raises(ValueError, match=r"instruct pool='narrow' is unknown; allowed: \['base', 'wide'\]"):
+        mix.MixConfig(instruct_pool="narrow")
+    with pytest.raises(ValueError, match=r"instruct pool='all' is unknown"):
+        mix.instruct_prompts("train", "all")
+
+
+def test_the_wide_pool_fills_the_instruct_share_without_repeats():
+    cfg = dict(source=0.0, instruct=1.0, math=0.0, header=0.0, self_instruct=0.0, multi_turn=0.0, max_variants=8)
+    n = 2 * len(mix.instruct_prompts("train"))
+    wide = mix.sample_mix(n, 0, config=mix.MixConfig(**cfg))
+    base = mix.sample_mix(n, 0, config=mix.MixConfig(**cfg, instruct_pool="base"))
+    assert len(wide) == len(base) == n
+    assert all(p.variant == 0 for p in wide)  # every request distinct: none answered again by sampling
+    assert sum(p.variant > 0 for p in base) == n - len(mix.instruct_prompts("train"))
 
 
 def test_expansions_keep_their_seeds_split():
@@ -292,6 +334,7 @@ def test_the_pipeline_distills_the_diverse_mix_with_conversations(tmp_path, monk
         data = load_or_make_data(args, target, tmp_path / "work", Phases())
     assert MULTI_TURN in data.kinds and "math" in data.kinds and "code-short-header" in data.kinds
     assert data.meta["settings"]["data_mix"] == "diverse" and (tmp_path / "work" / "data.pt").is_file()
+    assert data.meta["settings"]["instruct_pool"] == "wide"  # a cache of the other pool is made again
 
 
 def test_self_instruct_makes_several_tries_per_seed_when_the_pool_is_small():
@@ -305,7 +348,8 @@ def test_self_instruct_makes_several_tries_per_seed_when_the_pool_is_small():
     sampler = FakeGenerate(lambda c: f"Please answer sampled request number {next(draws)}")
     more = self_instruct(FakeGenerate(greedy.reply), seeds, per_seed=9, sample=sampler)
     assert len(more) == 27 and sampler.convs == 9  # tries 7-9 of each seed were sampled
-    cfg = mix.MixConfig(source=0.0, instruct=0.0, math=0.0, header=0.0, self_instruct=1.0, multi_turn=0.0)
+    cfg = mix.MixConfig(source=0.0, instruct=0.0, math=0.0, header=0.0, self_instruct=1.0, multi_turn=0.0,
+                        instruct_pool="base")
     n = len(mix.instruct_prompts("train")) + 50
     got = mix.sample_mix(n, 0, config=cfg, generate=FakeGenerate(lambda c: f"Request {zlib.crc32(c[-1]['content'].encode())}"))
     assert sum(p.source.endswith("|self") for p in got) > len(mix.instruct_prompts("train"))

@@ -205,6 +205,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
                    help="with --data-mix diverse: an instruct or header prompt (a few hundred distinct ones each) may "
                         "appear this many times, its greedy answer then answers sampled at --variant-temperature, before "
                         "the rest of its share goes to source prompts; 1: each once")
+    g.add_argument("--instruct-pool", choices=("base", "wide"), default="wide",
+                   help="with --data-mix diverse: the instruction requests (and the self-instruct and multi-turn seeds): "
+                        "wide = 11616 training requests (359 training topics, 32 ways of asking: specdec.train.wide_topics); "
+                        "base = the 696 of the topics and templates the frozen evaluation set was drawn beside")
     g.add_argument("--variant-temperature", type=float, default=0.8,
                    help="sampling temperature of the repeated prompts' answers (> 0; the head still learns the "
                         "target's own next-token distribution on them)")

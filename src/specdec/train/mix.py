@@ -32,11 +32,13 @@ from dataclasses import dataclass, field, replace
 from ..checks import check_int
 from .expand import HELDOUT_FOLLOW_UPS, build_conversations, self_instruct
 from .prompts import ROOTS, Prompt, dedup, normalize, sample_prompts
+from .wide_topics import MORE_TEMPLATES, MORE_TOPICS
 
 __all__ = [
     "FAMILIES",
     "HEADER_STYLES",
     "HEADERS",
+    "INSTRUCT_POOLS",
     "INSTRUCT_TEMPLATES",
     "MATH_TEMPLATES",
     "MixConfig",
@@ -177,6 +179,7 @@ HELDOUT_HEADER_STYLES = frozenset({"google", "comment"})
 
 FAMILIES = ("instruct", "math", "header")
 SPLITS = ("train", "heldout")
+INSTRUCT_POOLS = ("base", "wide")  # base: TOPICS x INSTRUCT_TEMPLATES; wide: + `wide_topics` (training breadth)
 
 
 def _check_split(split: str) -> None:
@@ -209,21 +212,39 @@ def _topic_category(domain: str) -> str:
     return "chat-about-code" if domain == "programming" else "general-chat"
 
 
-def instruct_prompts(split: str) -> list[Prompt]:
-    """Every (topic, template) request of `split`, one prompt per pair (sorted)."""
-    _check_split(split)
+def _check_pool(pool: str) -> None:
+    if pool not in INSTRUCT_POOLS:
+        raise ValueError(f"instruct pool={pool!r} is unknown; allowed: {list(INSTRUCT_POOLS)}")
+
+
+def _requests(split: str, topics_by_domain: dict[str, tuple[str, ...]], templates: dict[str, tuple[str, str]]) -> list[Prompt]:
+    """The (topic, template) requests of `split`, domains and template ids sorted."""
     out = []
-    for domain in sorted(TOPICS):
-        topics = TOPICS[domain]
+    for domain in sorted(topics_by_domain):
+        topics = topics_by_domain[domain]
         for i, t in enumerate(topics):
-            for tid in sorted(INSTRUCT_TEMPLATES):
+            for tid in sorted(templates):
                 source = f"mix:instruct:{t}|{tid}"
                 if split_of(source) != split:
                     continue
-                # a comparison's second topic: the next one of the domain (a training one in training)
+                # a comparison's second topic: the next one of the list (a training one in training)
                 peers = [u for u in topics[i + 1 :] + topics[:i] if split == "heldout" or u not in HELDOUT_TOPICS]
-                text = INSTRUCT_TEMPLATES[tid][1].format(t=t, u=peers[0])
+                text = templates[tid][1].format(t=t, u=peers[0])
                 out.append(Prompt(_topic_category(domain), source, text[0].upper() + text[1:], True))
+    return out
+
+
+def instruct_prompts(split: str, pool: str = "base") -> list[Prompt]:
+    """Every (topic, template) request of `split` in `pool`, one prompt per pair: "base" is
+    `TOPICS` x `INSTRUCT_TEMPLATES` (sorted; what the frozen evaluation set was drawn from),
+    "wide" those and `wide_topics`' (training topics and ways of asking only): base topics x
+    `MORE_TEMPLATES`, `MORE_TOPICS` x every template (a comparison pairs topics of one list)."""
+    _check_split(split)
+    _check_pool(pool)
+    out = _requests(split, TOPICS, INSTRUCT_TEMPLATES)
+    if pool == "wide":
+        out += _requests(split, TOPICS, MORE_TEMPLATES)
+        out += _requests(split, MORE_TOPICS, {**INSTRUCT_TEMPLATES, **MORE_TEMPLATES})
     return out
 
 
@@ -309,13 +330,14 @@ def header_prompts(split: str) -> list[Prompt]:
     return out
 
 
-def family_prompts(family: str, split: str, n: int, seed: int = 0, variants: int = 1) -> list[Prompt]:
+def family_prompts(family: str, split: str, n: int, seed: int = 0, variants: int = 1,
+                   pool: str = "base") -> list[Prompt]:
     """`n` prompts (fewer if the family runs dry) of one templated family and split, seeded order.
 
-    instruct and header have a fixed number of (topic, template) pairs; with ``variants > 1``
-    each pair may come back up to ``variants - 1`` more times as a sampled variant
-    (`Prompt.variant`), every distinct prompt once before any repeat. math draws new numbers
-    instead, so it never repeats.
+    instruct and header have a fixed number of (topic, template) pairs (instruct: those of
+    `pool`, see `instruct_prompts`); with ``variants > 1`` each pair may come back up to
+    ``variants - 1`` more times as a sampled variant (`Prompt.variant`), every distinct prompt
+    once before any repeat. math draws new numbers instead, so it never repeats.
     """
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is unknown; allowed: {list(FAMILIES)}")
@@ -323,9 +345,10 @@ def family_prompts(family: str, split: str, n: int, seed: int = 0, variants: int
     check_int("variants", variants, 1, error=ValueError, note=" (1: every prompt once, greedy)")
     if family == "math":
         return math_prompts(split, n, seed)
-    pool = dedup(instruct_prompts(split) if family == "instruct" else header_prompts(split))
-    random.Random(f"specdec-mix-{family}:{seed}:{split}").shuffle(pool)
-    return [replace(p, variant=v) for v in range(variants) for p in pool][:n]
+    _check_pool(pool)
+    prompts = dedup(instruct_prompts(split, pool) if family == "instruct" else header_prompts(split))
+    random.Random(f"specdec-mix-{family}:{seed}:{split}").shuffle(prompts)
+    return [replace(p, variant=v) for v in range(variants) for p in prompts][:n]
 
 
 # --------------------------------------------------------------------------- the training mix
@@ -343,6 +366,9 @@ class MixConfig:
     then sampled ones, `Prompt.variant`) before the rest of its share goes to source prompts:
     these families have a few hundred distinct prompts, far fewer than their share of a
     20000-prompt mix.
+    instruct_pool: the instruction requests (and the self-instruct and multi-turn seeds) come
+    from `instruct_prompts(split, instruct_pool)`: "wide" (default) 11616 training requests over 359
+    topics and 32 ways of asking, "base" the 696 of `TOPICS` x `INSTRUCT_TEMPLATES` alone.
     """
 
     source: float = 0.40
@@ -354,7 +380,11 @@ class MixConfig:
     roots: tuple[str, ...] = ROOTS
     turns: tuple[int, ...] = (2, 3)
     max_variants: int = 6
+    instruct_pool: str = "wide"
     exclude_texts: frozenset[str] = field(default_factory=frozenset)  # normalized texts never to train on
+
+    def __post_init__(self):
+        _check_pool(self.instruct_pool)
 
     def shares(self) -> dict[str, float]:
         w = {k: getattr(self, k) for k in ("source", "instruct", "math", "header", "self_instruct", "multi_turn")}
@@ -390,9 +420,11 @@ def sample_mix(n: int, seed: int = 0, *, split: str = "train", config: MixConfig
     counts = _counts(n, config.shares())
     out: list[Prompt] = []
     for family in FAMILIES:
-        out += family_prompts(family, split, counts[family], seed, variants=config.max_variants)
+        out += family_prompts(family, split, counts[family], seed, variants=config.max_variants,
+                              pool=config.instruct_pool)
     if generate is not None:
-        seeds = family_prompts("instruct", split, max(counts["self_instruct"], counts["multi_turn"]), seed + 1)
+        seeds = family_prompts("instruct", split, max(counts["self_instruct"], counts["multi_turn"]), seed + 1,
+                               pool=config.instruct_pool)
         want = counts["self_instruct"]
         new = []
         if want and seeds:

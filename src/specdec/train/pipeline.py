@@ -141,6 +141,7 @@ def _mix_config(args):
     frozen = frozen_category_prompts() + frozen_heldout_prompts()
     return MixConfig(**shares, roots=tuple(args.roots.split(",")),
                      max_variants=getattr(args, "max_variants", MixConfig.max_variants),
+                     instruct_pool=getattr(args, "instruct_pool", MixConfig.instruct_pool),
                      exclude_texts=frozenset(normalize(p.text) for p in frozen))
 
 
@@ -171,7 +172,8 @@ def _data_settings(args) -> dict:
     if getattr(args, "data_mix", "source") == "diverse":  # only then, so caches made before the flag existed stay valid
         settings.update(data_mix="diverse", mix_shares=getattr(args, "mix_shares", None),
                         max_variants=getattr(args, "max_variants", MixConfig.max_variants),
-                        variant_temperature=getattr(args, "variant_temperature", None))
+                        variant_temperature=getattr(args, "variant_temperature", None),
+                        instruct_pool=getattr(args, "instruct_pool", MixConfig.instruct_pool))
     return settings
 
 
@@ -366,7 +368,8 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         f"- prompts: {data.meta.get('prompts_asked')} asked, drawn from this machine's Python source ({args.roots}; "
         f"train split by source file)"
         + (" and the diverse templated / self-instruct / multi-turn mix (specdec.train.mix, shares "
-           f"{getattr(args, 'mix_shares', None) or 'default'}; held-out topics and templates never trained on)"
+           f"{getattr(args, 'mix_shares', None) or 'default'}, instruction pool "
+           f"{getattr(args, 'instruct_pool', MixConfig.instruct_pool)}; held-out topics and templates never trained on)"
            if getattr(args, "data_mix", "source") == "diverse" else "")
         + f", {len(data)} answered; kinds: {kinds}",
         f"- categories (as in the evaluation table): {categories}",
