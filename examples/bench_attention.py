@@ -1,7 +1,7 @@
 """Benchmark: attention over the paged KV cache (tree verify vs decode) and KV relocation.
 
 A Llama-3.1-8B-shaped attention stack (32 layers, 32 query heads, 8 KV heads, head_dim 128,
-bf16; random K/V, no weights): per forward, every layer's attention for
+bf16; random K/V, no weights; `--layout smollm2`: 30 layers, 9 / 3 heads, head_dim 64): per forward, every layer's attention for
   - tree verify: bs 1 and 8, N = 64 tree nodes, 2k committed tokens,
   - decode: bs 1 and 8, one token, 2k committed tokens,
   - prefill: bs 1, 2k tokens (causal),
@@ -18,6 +18,8 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
     python examples/bench_attention.py --impls triton --num-splits 0 1 2 4 8   # key splits (0: chosen)
     python examples/bench_attention.py --impls triton --context 256 --max-kv-len 4096 --min-split-keys 1 0
         # a short real context under the engine's static bound: splits of a few keys (1) vs the chosen fewest
+    python examples/bench_attention.py --layout smollm2 --impls triton --context 320 --nodes 49 \
+        --max-kv-len 2048 --min-split-keys 16 32 64 0   # SmolLM2's tree verify: 9 programs before splitting
 
 `--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages ("u": its
 single key loop, no committed-keys-only tiles first), as rows `triton[BNxWxS]`; the kernel's
@@ -45,6 +47,10 @@ from specdec.runtime.attention import attention  # noqa: E402
 from specdec.runtime.batch import decode_batch, prefill_batch, tree_batch  # noqa: E402
 from specdec.runtime.kv_cache import PagedKVCache  # noqa: E402
 from specdec.types import TreeMeta  # noqa: E402
+
+
+# layout name -> (layers, query heads, KV heads, head_dim)
+LAYOUTS = {"8b": (32, 32, 8, 128), "smollm2": (30, 9, 3, 64)}
 
 
 def random_tree(batch: int, nodes: int, max_fanout_back: int, gen: torch.Generator, device) -> TreeMeta:
@@ -153,6 +159,9 @@ def main() -> None:
                              "case's real key count); the split count follows it, the real context does not")
     parser.add_argument("--min-split-keys", nargs="+", type=int, default=None, metavar="K",
                         help="time the Triton kernel with each fewest-keys-per-split (0: the one it picks)")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="8b",
+                        help="attention layout: 8b (Llama-3.1-8B: 32 layers, 32/8 heads, head_dim 128) or smollm2 "
+                             "(SmolLM2-135M: 30 layers, 9/3 heads, head_dim 64)")
     args = parser.parse_args()
     if args.max_kv_len < 0:
         raise SystemExit(f"--max-kv-len {args.max_kv_len} must be >= 0 (0: the case's real key count)")
@@ -169,7 +178,8 @@ def main() -> None:
     if args.quick:
         L, H, Hkv, hd, ctx, N, batches, dtype = 2, 4, 2, 16, 64, 8, (1, 2), torch.float32
     else:
-        L, H, Hkv, hd, ctx, N, batches, dtype = 32, 32, 8, 128, 2048, 64, (1, 8), torch.bfloat16
+        L, H, Hkv, hd = LAYOUTS[args.layout]
+        ctx, N, batches, dtype = 2048, 64, (1, 8), torch.bfloat16
     ctx, N = args.context or ctx, args.nodes or N
     iters = args.iters or (3 if args.quick else 20)
     impls = args.impls.split(",")
