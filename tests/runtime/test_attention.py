@@ -321,6 +321,11 @@ def test_kernel_equals_reference_when_queries_see_key_rows_apart_from_themselves
     ref = attention(q, cache, 0, batch, scale=scale, impl="ref")
     out = paged_attention(q, cache, 0, batch, scale=scale, num_splits=case["splits"], autotune=False)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
+    # the kernel reads key_len through its own pointer: a strided int32 view of the same counts
+    strided = torch.stack([batch.q_len, batch.key_len], 1).to(torch.int32)[:, 1]  # [B], stride 2
+    same = paged_attention(q, cache, 0, dataclasses.replace(batch, key_len=strided), scale=scale,
+                           num_splits=case["splits"], autotune=False)
+    torch.testing.assert_close(same, out, atol=0, rtol=0)
 
 
 @settings(max_examples=min(10, settings().max_examples))  # eager on CPU, one compile per shape on GPU
