@@ -189,6 +189,17 @@ def attention() -> None:
             mask, positions, block_size, 0.125, window, splits, 32, False,
         )
         print(f"ok attention {dtype} H={H}/{hkv} hd={hd} B={B} T={T} tree={tree_rows} splits={splits} window={window}")
+    # a draft tree's depth: its lengths are strided [B] views (columns of [B, F] tensors, `_depth_inputs`)
+    for dtype in (torch.bfloat16, torch.float32):
+        for B, F in ((1, 8), (4, 10)):
+            k_rows = torch.empty(blocks * block_size + 1, 3, 64, dtype=dtype)
+            lens = torch.full((B, F), F, dtype=I64)
+            tree_attention.paged_attention_triton(
+                torch.empty(B, F, 9, 64, dtype=dtype), k_rows, k_rows, torch.zeros(B, blocks, dtype=I64),
+                torch.arange(B, dtype=I64), torch.zeros(B, dtype=I64), lens[:, 0], (lens + 8)[:, 0],
+                torch.zeros(B, F, 1, dtype=torch.int32), None, block_size, 0.125, 0, 4, 32, False,
+            )
+            print(f"ok attention {dtype} draft depth B={B} F={F} (strided lengths)")
 
 
 FAMILIES = {"verify": verify, "tree": tree, "kv": kv, "attention": attention}

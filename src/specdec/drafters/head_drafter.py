@@ -91,8 +91,13 @@ def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committe
     q_len = torch.where(live, F, 0)
     # the rows are stored at committed + first + f (positions the next ingest overwrites)
     _, write_index = new_rows(block_tables, block_size, torch.arange(B, device=tokens.device), committed + first, q_len, F)
-    key_len = torch.where(live, first + F, 0)
-    positions = (committed + t - 1)[:, None].expand(B, F)
+    # The lengths and positions written out as [B, F] (each row's value F times), not as [B]: same
+    # size as write_index and reading its inputs, Inductor makes the four one kernel; [B]-sized they
+    # were two more kernels per depth of a tree (F > 1). The lengths are their first column, a
+    # strided [B] view (the attention kernel reads lengths at any stride).
+    q_len = torch.where(live[:, None], F, 0).expand(B, F).contiguous()[:, 0]  # [B], stride F
+    key_len = torch.where(live[:, None], first + F, 0).expand(B, F).contiguous()[:, 0]  # [B], stride F
+    positions = (committed + t - 1)[:, None].expand(B, F).contiguous()
     target_tokens = _draft_to_target(tokens, target_ids)
     if embed_weight is not None:
         return hidden, anc, write_index, q_len, key_len, positions, torch.nn.functional.embedding(target_tokens, embed_weight)

@@ -192,7 +192,7 @@ if HAS_TRITON:
         k_ptr, v_ptr, skv_tok, skv_h,  # layer rows [num_tokens + 1, Hkv, hd]
         bt_ptr, sbt,  # block tables [max_batch_size, blocks_per_seq]
         slots_ptr, cache_len_ptr,  # [B] each
-        q_len_ptr, key_len_ptr,  # [B] each: query rows, new key rows (key_len; the q_len pointer when None)
+        q_len_ptr, key_len_ptr, s_qlen, s_klen,  # [B] each (any stride): query rows, new key rows (key_len, or q_len)
         mask_ptr, sm_b, sm_t,  # packed tree mask [B, T, W] int32 (unused when not IS_TREE)
         pos_ptr, sp_b,  # RoPE positions [B, T] (unused without a window)
         o_ptr, so_s, so_b, so_t, so_h,  # out [B, T, H, hd], or partial [S, B, T, H, hd] fp32
@@ -209,8 +209,8 @@ if HAS_TRITON:
 
         slot = tl.load(slots_ptr + b)
         cache_len = tl.load(cache_len_ptr + b)
-        q_len = tl.load(q_len_ptr + b)
-        n_new = tl.load(key_len_ptr + b)  # new key rows: key_len (tree) or q_len
+        q_len = tl.load(q_len_ptr + b * s_qlen)
+        n_new = tl.load(key_len_ptr + b * s_klen)  # new key rows: key_len (tree) or q_len
 
         m = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query-head rows
         t = m // G
@@ -337,10 +337,10 @@ if HAS_TRITON:
         max_pos = block_tables.shape[1] * block_size  # logical positions a block table can address
         is_tree = tree_mask is not None
         has_window = window > 0
-        # the new-key counts: their own pointer (a [2, B] stack of both lengths was one more kernel
-        # launch per call, eager inside the op: a draft depth's attention paid it every step)
+        # the new-key counts through their own pointer and stride (a [2, B] stack of both lengths was
+        # one more launch per call, eager inside the op: a draft depth's attention paid it every step;
+        # a draft depth's lengths are strided views, see `HeadDrafter`'s `_depth_inputs`)
         new_keys = q_len if key_len is None else key_len
-        q_len, new_keys = (x if x.stride(0) == 1 else x.contiguous() for x in (q_len, new_keys))  # read at ptr + b
         mask_arg = tree_mask if is_tree else cache_len
         pos_arg = positions if has_window else cache_len
         out = torch.empty((B, T, H, hd), device=q.device, dtype=q.dtype)
@@ -365,7 +365,7 @@ if HAS_TRITON:
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
             block_tables, block_tables.stride(0),
             slots, cache_len,
-            q_len, new_keys,
+            q_len, new_keys, q_len.stride(0), new_keys.stride(0),
             mask_arg, tree_mask.stride(0) if is_tree else 0, tree_mask.stride(1) if is_tree else 0,
             pos_arg, positions.stride(0) if has_window else 0,
             o_arg, *o_strides,
