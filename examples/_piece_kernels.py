@@ -68,7 +68,8 @@ def kernels_of(fn, args, kwargs) -> list[str] | None:
 
 
 def _count_user_kernels() -> None:
-    """A piece that launches Triton kernels of its own on CUDA (`ops.top_logprobs`, k > 1) takes
+    """A piece that launches Triton kernels of its own on CUDA (`ops.top_logprobs`, k > 1; a ranked
+    policy's call, `policies.shapes._ranked_call`) takes
     its PyTorch path on CPU tensors; here it takes the kernels' path, each kernel an opaque op
     (one launch in the generated `call()`) with the kernel's output shapes."""
     import specdec.ops.top_logprobs as ops_top
@@ -93,6 +94,21 @@ def _count_user_kernels() -> None:
 
     ops_top._runs_triton = lambda impl, logits: True
     ops_top.top_logprobs_triton = kernels_path
+
+    import specdec.policies.shapes as shapes  # a ranked policy's call: `kernels.ranked_call`, one kernel
+
+    def ranked_shapes(fr_score: torch.Tensor, logq: torch.Tensor, tokens: torch.Tensor, fr_hist: torch.Tensor, width: int,
+                      offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor, torch.Tensor]:
+        B, M = logq.shape[0], logq.shape[1] * logq.shape[2]  # the history [B, M], the next frontier [B, width]
+        f32 = dict(dtype=torch.float32)
+        return (logq.new_empty(B, M, **f32), tokens.new_empty(B, M), tokens.new_empty(B, M), tokens.new_empty(B, width),
+                logq.new_empty(B, width, **f32), tokens.new_empty(B, width), tokens.new_empty(B, width))
+
+    ranked = torch.library.custom_op("specdec_count::ranked_call_kernel", ranked_shapes, mutates_args=())
+    ranked.register_fake(ranked_shapes)
+    shapes._ranked_kernel_takes = lambda impl, logq, width: True
+    shapes.ranked_call_triton = ranked
 
 
 def _combo_groups(scheduler) -> list:

@@ -82,7 +82,7 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 JITFunction.run = _compile_only
 
-from specdec.kernels import kv_relocate, kv_write, rope_kv_write, tree_attention, tree_build  # noqa: E402
+from specdec.kernels import kv_relocate, kv_write, ranked_call, rope_kv_write, tree_attention, tree_build  # noqa: E402
 from specdec.kernels import top_logprobs, verify_greedy, verify_speculative, verify_target_only  # noqa: E402
 from specdec.ops.top_logprobs import chunk_count  # noqa: E402
 
@@ -128,6 +128,11 @@ def tree() -> None:
                     x = torch.empty(rows, V, dtype=dtype)
                     top_logprobs.top_logprobs_triton(x, k, chunk_count(V, k))
             print(f"ok top logprobs rows={rows} V={V}")
+    # a ranked policy's call: (batch, frontier F, children K, next width) of dynamic trees (K = 8, 10)
+    for B, F, K, width in ((1, 1, 8, 8), (1, 8, 8, 8), (4, 10, 10, 10), (2, 8, 8, 1), (1, 64, 64, 64)):
+        ranked_call.ranked_call_triton(torch.empty(B, F), torch.empty(B, F, K), torch.empty(B, F, K, dtype=I64),
+                                       torch.empty(B, F, dtype=I64), width, 1 + K)
+        print(f"ok ranked call B={B} F={F} K={K} width={width}")
 
 
 def kv() -> None:

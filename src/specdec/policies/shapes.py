@@ -24,12 +24,13 @@ into its fixed shape.
 
 from __future__ import annotations
 
-
 import torch
 
 from ..compile_scope import compile_private
 from ..config import ConfigError, SpecConfig
+from ..kernels.ranked_call import MAX_ROW, MAX_WIDTH, ranked_call_triton
 from ..ops.columns import cat_columns
+from ..ops.dispatch import use_triton
 from .candidates import stable_topk
 from .frontier import FrontierPolicy, _finish, _next_frontier, _score_call, zero_index
 from .static_tree import StaticTree, read_choices, static_tree
@@ -53,8 +54,6 @@ def group_sizes(budget: int, depth: int, topk: int) -> tuple[int, ...]:
 
 def _best(score: torch.Tensor, k: int) -> torch.Tensor:
     return stable_topk(score, k)
-
-
 
 
 def _chain_finish(sel, hist_tok: list, hist_parent: list, scores, dist_of):
@@ -97,13 +96,28 @@ def _ranked_close(hist_score: list, hist_tok: list, hist_parent: list, S: int):
     return _finish(_best(scores, S), hist_tok, hist_parent, scores, None)
 
 
-def _ranked_call(fr_score, logq, tokens, fr_hist, width: int, offset: int, K: int):
+def _ranked_call(fr_score, logq, tokens, fr_hist, width: int, offset: int, K: int, impl: str = "auto"):
     """`FrontierPolicy._call` of a ranked policy before its last call, as one piece: the scores,
     their ranking and the next frontier's gathers (`_score_call`, `_best`, `_next_frontier`:
-    apart, four pieces and five GPU kernels a call)."""
+    apart, four pieces and five GPU kernels a call). On CUDA (`impl`, `ops.dispatch`) one Triton
+    kernel, `kernels.ranked_call` (compiled from PyTorch: 3-4 kernels and a sort); this PyTorch
+    body is its reference."""
+    if _ranked_kernel_takes(impl, logq, width):
+        return ranked_call_triton(fr_score.contiguous(), logq.contiguous(), tokens.contiguous(), fr_hist.contiguous(),
+                                  width, offset)
     score, flat_tok, parent = _score_call(fr_score, logq, tokens, fr_hist)
     idx = _best(score, width)  # [B, width]
     return (score, flat_tok, parent) + _next_frontier(flat_tok, score, idx, offset, K)
+
+
+def _ranked_kernel_takes(impl: str, logq: torch.Tensor, width: int) -> bool:
+    """Whether `kernels.ranked_call` runs this call: CUDA, or Triton's interpreter outside
+    torch.compile (a compiled CPU graph takes the PyTorch body), within the kernel's sizes."""
+    fits = width <= MAX_WIDTH and logq.shape[1] * logq.shape[2] <= MAX_ROW
+    if impl == "triton" and not fits:
+        raise ValueError(f"_ranked_call(impl='triton'): width={width} must be at most {MAX_WIDTH} and F * K = "
+                         f"{logq.shape[1] * logq.shape[2]} at most {MAX_ROW}; use impl='auto' or 'ref'")
+    return fits and use_triton(impl, logq) and (logq.is_cuda or not torch.compiler.is_compiling())
 
 
 class _Ranked(FrontierPolicy):
