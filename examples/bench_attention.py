@@ -161,7 +161,7 @@ def main() -> None:
                         help="time the Triton kernel with each fewest-keys-per-split (0: the one it picks)")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="8b",
                         help="attention layout: 8b (Llama-3.1-8B: 32 layers, 32/8 heads, head_dim 128) or smollm2 "
-                             "(SmolLM2-135M: 30 layers, 9/3 heads, head_dim 64)")
+                             "(SmolLM2-135M: 30 layers, 9/3 heads, head_dim 64); --quick runs its tiny sizes whatever the layout")
     args = parser.parse_args()
     if args.max_kv_len < 0:
         raise SystemExit(f"--max-kv-len {args.max_kv_len} must be >= 0 (0: the case's real key count)")
