@@ -88,13 +88,14 @@ def _depth_inputs(prev_hidden, prev_anc, parent_slot, tokens, own_bits, committe
     B, F = tokens.shape
     hidden = torch.gather(prev_hidden, 1, parent_slot[..., None].expand(-1, -1, prev_hidden.shape[-1]))
     anc = torch.gather(prev_anc, 1, parent_slot[..., None].expand(-1, -1, prev_anc.shape[-1])) | own_bits
-    q_len = torch.where(live, F, 0)
+    q_len = torch.where(live, F, 0)  # [B], for new_rows; the one returned is written [B, F] below
     # the rows are stored at committed + first + f (positions the next ingest overwrites)
     _, write_index = new_rows(block_tables, block_size, torch.arange(B, device=tokens.device), committed + first, q_len, F)
     # The lengths and positions written out as [B, F] (each row's value F times), not as [B]: same
     # size as write_index and reading its inputs, Inductor makes the four one kernel; [B]-sized they
     # were two more kernels per depth of a tree (F > 1). The lengths are their first column, a
-    # strided [B] view (the attention kernel reads lengths at any stride).
+    # strided [B] view (the attention kernel reads lengths at any stride). new_rows keeps its own
+    # [B] q_len above: fed the written [B, F] one, write_index read it back as a separate kernel (5).
     q_len = torch.where(live[:, None], F, 0).expand(B, F).contiguous()[:, 0]  # [B], stride F
     key_len = torch.where(live[:, None], first + F, 0).expand(B, F).contiguous()[:, 0]  # [B], stride F
     positions = (committed + t - 1)[:, None].expand(B, F).contiguous()

@@ -339,7 +339,7 @@ if HAS_TRITON:
         has_window = window > 0
         # the new-key counts through their own pointer and stride (a [2, B] stack of both lengths was
         # one more launch per call, eager inside the op: a draft depth's attention paid it every step;
-        # a draft depth's lengths are strided views, see `HeadDrafter`'s `_depth_inputs`)
+        # a draft depth's lengths are strided views: `drafters.head_drafter._depth_inputs`)
         new_keys = q_len if key_len is None else key_len
         mask_arg = tree_mask if is_tree else cache_len
         pos_arg = positions if has_window else cache_len
