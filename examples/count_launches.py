@@ -34,6 +34,7 @@ chain-5 495, tree N=48 567 kernels per step at 32cbac7).
     TRITON_INTERPRET=1 python examples/count_launches.py --kernels --shape smollm2 target-only chain-5
     TRITON_INTERPRET=1 python examples/count_launches.py --combo chain-5     # the pieces with combo kernels
     TRITON_INTERPRET=1 python examples/count_launches.py --names chain-5     # each piece's kernels by name
+    TRITON_INTERPRET=1 python examples/count_launches.py --kernels --draft-layers 2 chain-5   # a two-layer head
 """
 
 from __future__ import annotations
@@ -268,6 +269,14 @@ def main() -> None:
         if shape not in SHAPES:
             sys.exit(f"--shape {shape!r} is unknown; allowed: {list(SHAPES)}")
         del args[i : i + 2]
+    draft_layers = 1
+    if "--draft-layers" in args:
+        i = args.index("--draft-layers")
+        value = args[i + 1] if i + 1 < len(args) else ""
+        if not value.isdigit() or int(value) < 1:
+            sys.exit(f"--draft-layers {value!r} is out of range; allowed: an int >= 1")
+        draft_layers = int(value)
+        del args[i : i + 2]
     options = tuple(a for a in args if "=" in a)  # NAME=VALUE: Inductor options for the pieces (with --kernels)
     kernels_mode = kernels_mode or bool(options)
     keys = [a for a in args if a not in ("--json", "--kernels", "--names", "--combo") and "=" not in a] or list(SETUPS)
@@ -281,6 +290,7 @@ def main() -> None:
     head_cfg = head_config(cfg, True)
     if shape == "smollm2":  # the shipped head's draft vocabulary
         head_cfg = dataclasses.replace(head_cfg, draft_vocab_size=16384, capture_layers=(1, 14, 26))
+    head_cfg = dataclasses.replace(head_cfg, num_layers=draft_layers)
     head = random_eagle3_head(head_cfg, device=torch.device("cpu"), dtype=torch.float32)
     unit = "GPU kernels (compiled pieces as Inductor generates them)" if kernels_mode else "launches"
     if combo:
@@ -295,7 +305,8 @@ def main() -> None:
         if as_json:
             print(json.dumps(dict(setup=key, total=total, phases={p: sum(c.values()) for p, c in counts.items()})))
             continue
-        print(f"{key}: {total} {unit} per step ({shape} target, batch 1, CPU proxy)")
+        layers = "" if draft_layers == 1 else f", {draft_layers} draft layers"
+        print(f"{key}: {total} {unit} per step ({shape} target{layers}, batch 1, CPU proxy)")
         for phase, c in sorted(counts.items(), key=lambda kv: -sum(kv[1].values())):
             top = ", ".join(f"{op} {n}" for op, n in c.most_common(14))
             print(f"  {phase:15s} {sum(c.values()):4d}  {top}")

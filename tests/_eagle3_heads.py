@@ -54,11 +54,11 @@ class World:
         return self.seq[1 : L + 1].clone(), self.H[:L].clone()
 
 
-def saved_tiny_head(folder, *, seed: int, capture_layers, std: float = 0.3):
+def saved_tiny_head(folder, *, seed: int, capture_layers, std: float = 0.3, num_layers: int = 1):
     """A random EAGLE-3 head shaped for the tests' tiny 64-wide targets (hidden 64, head_dim
-    16), saved in the official layout to `folder`; returns `folder`."""
+    16), saved in the official layout to `folder` (several layers: speculators'); returns `folder`."""
     from specdec.drafters.eagle3_checkpoint import save_eagle3
 
     save_eagle3(random_head(seed=seed, hidden_size=64, target_hidden_size=64, head_dim=16,
-                            capture_layers=capture_layers, std=std), folder)
+                            capture_layers=capture_layers, std=std, num_layers=num_layers), folder)
     return folder

@@ -116,6 +116,15 @@ def tiny_eagle3_head(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def tiny_eagle3_head_two_layers(tmp_path_factory) -> Path:
+    """Folder of a random two-layer EAGLE-3 head for `tiny_llama8` (as `tiny_eagle3_head`)."""
+    from _eagle3_heads import saved_tiny_head
+
+    return saved_tiny_head(tmp_path_factory.mktemp("eagle3_head2"), seed=2, capture_layers=(1, 3, 4), std=0.1,
+                           num_layers=2)
+
+
+@pytest.fixture(scope="module")
 def train_target(tmp_path_factory):
     """The train suites' loaded target (`_train_tiny.make_target`: tiny Llama, 8 layers, vocab 96,
     seed 0), built on one intra-op thread."""

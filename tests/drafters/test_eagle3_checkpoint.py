@@ -40,8 +40,9 @@ def assert_same(a, b):
         dict(has_embed_tokens=True, fc_bias=True, capture_layers=None, draft_vocab_size=V),
         dict(norm_before_fc=True, attention_bias=True, num_capture=2, capture_layers=(0, 3), target_hidden_size=24),
         dict(dtype=torch.bfloat16),
+        dict(num_layers=3, fc_norm=True),
     ],
-    ids=["plain", "fc_norm-llama3", "own-embed-full-vocab", "norm_before_fc-2-layers", "bf16"],
+    ids=["plain", "fc_norm-llama3", "own-embed-full-vocab", "norm_before_fc-2-layers", "bf16", "three-draft-layers"],
 )
 def test_saved_head_reloads_bit_for_bit_with_the_same_config(tmp_path, kw):
     dtype = kw.pop("dtype", torch.float32)
@@ -68,6 +69,24 @@ def test_saved_layout_is_the_official_one(tmp_path):
     assert tensors["fc.weight"].shape == (D_T, 3 * D_T)
     assert tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * D_T
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+
+
+def test_heads_of_several_layers_save_in_the_speculators_layout(tmp_path):
+    """layers.0 is the EAGLE-3 layer (QKV over [embed; hidden], hidden_norm), layers.1 a plain
+    decoder layer; config num_hidden_layers 2; the same tensors as the model's."""
+    head = random_head(seed=5, num_layers=2)
+    save_eagle3(head, tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert not any(k.startswith(("midlayer.", "later_layers.")) for k in tensors)
+    assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * D_T
+    assert tensors["layers.1.self_attn.q_proj.weight"].shape[1] == D_T
+    assert "layers.0.hidden_norm.weight" in tensors and "layers.1.hidden_norm.weight" not in tensors
+    state = head.state_dict()
+    assert torch.equal(tensors["layers.1.mlp.down_proj.weight"], state["later_layers.0.mlp.down_proj.weight"])
+    assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 2
+    _rewrite(tmp_path, drop=["layers.1.mlp.up_proj.weight"])
+    with pytest.raises(Eagle3CheckpointError, match=r"missing keys \['layers.1.mlp.up_proj.weight'\]"):
+        load_eagle3(tmp_path)
 
 
 def _rewrite(folder, *, drop=(), add=None, change=None, config=None):
@@ -127,13 +146,14 @@ def test_pytorch_bin_checkpoints_load_too(tmp_path):
         (dict(change={"d2t": lambda t: t + V}), "out of range"),
         (dict(change={"t2d": lambda t: ~t}), "t2d disagrees with d2t"),
         (dict(change={"d2t": lambda t: t.float()}), "1-D integer tensor"),
-        (dict(config=lambda c: c.update(num_hidden_layers=2)), "num_hidden_layers=2"),
+        (dict(config=lambda c: c.update(num_hidden_layers=2)), r"missing keys \['layers.1.input_layernorm.weight', "),
+        (dict(config=lambda c: c.update(num_hidden_layers=0)), "num_hidden_layers=0 must be an int >= 1"),
         (dict(config=lambda c: c.update(hidden_act="gelu")), "hidden_act='gelu'"),
         (dict(config=lambda c: c.update(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2]})), "names 2 capture layers"),
         (dict(config=lambda c: c.update(target_hidden_size=40)), "not a multiple of target_hidden_size=40"),
     ],
     ids=["missing-lm_head", "missing-d2t", "unexpected", "shape", "non-injective", "d2t-range", "t2d", "d2t-float",
-         "two-layers", "act", "layer-count", "target-hidden"],
+         "two-layers-one-saved", "no-layers", "act", "layer-count", "target-hidden"],
 )
 def test_malformed_checkpoints_are_clear_errors(tmp_path, edit, message):
     save_eagle3(random_head(seed=4), tmp_path)

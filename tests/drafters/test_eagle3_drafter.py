@@ -21,8 +21,8 @@ from _eagle3_heads import D_T, V, World, random_head
 WIDTH = 3 * D_T
 
 
-def make(tree="linear", topk=None, depth=4, B=3, samples=False, dtype=torch.float64, seed=0, **kw):
-    head = random_head(seed=seed, dtype=dtype)
+def make(tree="linear", topk=None, depth=4, B=3, samples=False, dtype=torch.float64, seed=0, num_layers=1, **kw):
+    head = random_head(seed=seed, dtype=dtype, num_layers=num_layers)
     cfg = SpecConfig(
         drafter="eagle3", tree=tree, topk=topk, max_draft_len=depth, max_batch_size=B, max_seq_len=80,
         kv_block_size=4, **kw,
@@ -127,11 +127,12 @@ def test_drafts_are_valid_trees_and_idle_slots_draft_root_only(tree, topk, depth
 
 
 @settings(max_examples=12)
-@given(case=st.sampled_from(CASES), data=st.data())
-def test_draft_after_partial_acceptance_equals_drafting_from_scratch_over_the_history(case, data):
+@given(case=st.sampled_from(CASES), layers=st.sampled_from([1, 2]), data=st.data())
+def test_draft_after_partial_acceptance_equals_drafting_from_scratch_over_the_history(case, layers, data):
+    """Also for a head of two draft layers: each layer's draft KV is corrected on its own."""
     tree, topk, depth = case
     B = 3
-    d, cfg = make(tree, topk, depth, B=B)
+    d, cfg = make(tree, topk, depth, B=B, num_layers=layers)
     worlds = [World(70, WIDTH, seed=data.draw(st.integers(0, 999)), dtype=torch.float64) for _ in range(B)]
     s = Slots(d, cfg, worlds)
     prompt = [data.draw(st.integers(1, 12)) for _ in range(B)]
@@ -145,15 +146,16 @@ def test_draft_after_partial_acceptance_equals_drafting_from_scratch_over_the_hi
             s.accept_path(slot, accepted[slot])
         tree_now = d.propose(s.inputs())
     for slot in range(B):
-        ref, ref_d = fresh_tree(tree, topk, depth, worlds[slot], s.committed[slot], slot=slot)
+        ref, ref_d = fresh_tree(tree, topk, depth, worlds[slot], s.committed[slot], slot=slot, num_layers=layers)
         assert tree_now.tokens[slot].tolist() == ref.tokens[slot].tolist()
         assert tree_now.parents[slot].tolist() == ref.parents[slot].tolist()
         assert torch.allclose(d.root_logits[slot], ref_d.root_logits[slot], atol=1e-10)
         C = s.committed[slot]  # the draft KV of every committed position matches too
         pos = torch.arange(C)[None]
-        k, _ = d.cache.gather(0, torch.tensor([slot]), pos)
-        k_ref, _ = ref_d.cache.gather(0, torch.tensor([slot]), pos)
-        assert torch.allclose(k, k_ref, atol=1e-10)
+        for layer in range(layers):
+            k, _ = d.cache.gather(layer, torch.tensor([slot]), pos)
+            k_ref, _ = ref_d.cache.gather(layer, torch.tensor([slot]), pos)
+            assert torch.allclose(k, k_ref, atol=1e-10)
 
 
 def test_reset_slot_gives_root_only_trees_until_the_next_prefill_and_reuse_is_clean():
@@ -178,19 +180,27 @@ def test_reset_slot_gives_root_only_trees_until_the_next_prefill_and_reuse_is_cl
 def dense_path_logits(head, embed, next_tokens, hidden, path):
     """Reference: draft logits [Vd] after the prompt rows and then one row per token of `path`
     (target ids), with plain causal SDPA over every key so far (no paging, no tree masks)."""
-    ks, vs = [], []
     hd = head.config.head_dim
 
-    def attend(q, k, v):
-        ks.append(k)
-        vs.append(v)
-        K, Vv = torch.cat(ks, 1), torch.cat(vs, 1)
-        T, S = q.shape[1], K.shape[1]
-        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), K.transpose(1, 2), Vv.transpose(1, 2), attn_mask=mask, scale=hd**-0.5, enable_gqa=True
-        )
-        return o.transpose(1, 2)
+    def growing():
+        ks, vs = [], []
+
+        def attend(q, k, v):
+            ks.append(k)
+            vs.append(v)
+            K, Vv = torch.cat(ks, 1), torch.cat(vs, 1)
+            T, S = q.shape[1], K.shape[1]
+            mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), K.transpose(1, 2), Vv.transpose(1, 2), attn_mask=mask, scale=hd**-0.5,
+                enable_gqa=True,
+            )
+            return o.transpose(1, 2)
+
+        return attend
+
+    layers = head.config.num_layers  # each layer keeps its own keys
+    attend = growing() if layers == 1 else [growing() for _ in range(layers)]
 
     L = next_tokens.shape[0]
     out, logits = head(embed(next_tokens[None]), hidden[None], torch.arange(L)[None], attend, first_step=True)
@@ -201,10 +211,12 @@ def dense_path_logits(head, embed, next_tokens, hidden, path):
     return last
 
 
+@pytest.mark.parametrize("layers", [1, 2], ids=["one-layer", "two-layers"])
 @pytest.mark.parametrize("tree, topk, depth", CASES)
-def test_every_node_drafts_the_heads_top_k_along_its_own_path(tree, topk, depth):
-    """Catches wrong tree-attention masks (a node seeing its siblings), parent states or positions."""
-    d, cfg = make(tree, topk, depth, B=2)
+def test_every_node_drafts_the_heads_top_k_along_its_own_path(tree, topk, depth, layers):
+    """Catches wrong tree-attention masks (a node seeing its siblings), parent states or positions
+    (and, with two draft layers, a layer reading another's keys)."""
+    d, cfg = make(tree, topk, depth, B=2, num_layers=layers)
     world = World(40, WIDTH, seed=11, dtype=torch.float64)
     s = Slots(d, cfg, [world, world])
     s.prefill(1, 13)

@@ -33,6 +33,8 @@ SETUPS = {  # name -> (target fixture, head, config)
     "target-only": ("tiny_llama8", None, dict(drafter="none")),
     "eagle3-chain": ("tiny_llama8", "eagle3", dict(drafter="eagle3", max_draft_len=3)),
     "eagle3-tree": ("tiny_llama8", "eagle3", dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
+    "eagle3-2layers-tree": ("tiny_llama8", "eagle3-2layers",
+                            dict(drafter="eagle3", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
     "mtp-oracle-chain": ("bigram_llama", "mtp-oracle", dict(drafter="mtp", max_draft_len=4)),
     "mtp-oracle-tree": ("bigram_llama", "mtp-oracle", dict(drafter="mtp", tree="dynamic", topk=2, max_draft_len=3)),
     "mtp-random-tree": ("tiny_llama8", "mtp", dict(drafter="mtp", tree="dynamic", topk=3, max_draft_len=3, max_total_draft_tokens=7)),
@@ -45,6 +47,7 @@ def decoder(request, name: str, **knobs) -> SpecDecoder:
     target_name, head, cfg = SETUPS[name]
     target = specdec.load_target(request.getfixturevalue(target_name), device=DEVICE)
     draft = {"eagle3": request.getfixturevalue("tiny_eagle3_head") if head == "eagle3" else None,
+             "eagle3-2layers": request.getfixturevalue("tiny_eagle3_head_two_layers") if head == "eagle3-2layers" else None,
              "mtp": random_mtp(seed=0), "mtp-oracle": bigram_oracle_mtp(), None: None}[head]
     return SpecDecoder.from_pretrained(target, draft, SpecConfig(**{**BASE, **cfg, **knobs}))
 

@@ -88,6 +88,22 @@ def test_greedy_eagle3_generation_equals_transformers_greedy(targets, head_path,
         assert len(res.token_ids) == NEW
 
 
+@pytest.mark.parametrize("tree, topk, depth", [("linear", None, 4), ("dynamic", 3, 4)])
+def test_a_head_of_two_draft_layers_generates_transformers_greedy_output(targets, tmp_path, tree, topk, depth):
+    """Saved in speculators' layers.{i} layout, loaded through `from_pretrained`, drafting
+    with a draft KV layer per draft layer."""
+    target, hf = targets["llama"]
+    save_eagle3(random_head(seed=2, hidden_size=D, target_hidden_size=D, head_dim=16, capture_layers=(1, 3, 4),
+                            std=0.1, num_layers=2), tmp_path)
+    config = SpecConfig(drafter="eagle3", tree=tree, topk=topk, max_draft_len=depth, max_batch_size=len(PROMPTS),
+                        max_seq_len=96, kv_block_size=4)
+    dec = SpecDecoder.from_pretrained(target, tmp_path, config)
+    assert dec.strategies.drafter.cache.num_layers == 2
+    results = dec.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    for prompt, res in zip(PROMPTS, results):
+        assert res.token_ids == hf_greedy(hf, prompt, NEW)
+
+
 class OracleDrafter:
     """Proposes the target's own greedy continuation (known in advance; request i sits in
     slot i) as a chain, or as a tree where each right child has a wrong elder sibling."""

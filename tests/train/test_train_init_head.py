@@ -75,6 +75,43 @@ def test_a_head_that_differs_from_the_settings_is_refused(train_target, data, ea
         train_eagle3(train_target, data, cfg, work_dir=tmp_path, progress=False)
 
 
+def test_a_warm_start_with_more_draft_layers_starts_as_the_saved_head_and_trains_the_new_one(
+        train_target, data, eagle3_head, tmp_path):
+    """--draft-layers 2 from a one-layer head: the added layer starts as an identity (the same
+    first loss as the one-layer warm start, to float32 rounding), then trains (its o_proj and
+    down_proj leave zero); its checkpoints reload on resume (speculators' layers.{i})."""
+    folder, saved = eagle3_head
+    one = TrainConfig(max_steps=1, init_head=str(folder), **{**TINY, **STILL})
+    two = dataclasses.replace(one, draft_layers=2)
+    train_eagle3(train_target, data, one, work_dir=tmp_path / "one", log_path=tmp_path / "one.jsonl", progress=False)
+    deep = train_eagle3(train_target, data, two, work_dir=tmp_path / "two", log_path=tmp_path / "two.jsonl",
+                        progress=False)
+    assert deep.head.config.num_layers == 2
+    assert _first_loss(tmp_path / "two.jsonl") == pytest.approx(_first_loss(tmp_path / "one.jsonl"), rel=1e-5)
+    for key, value in saved.state_dict().items():  # the first layer, fc, norm, lm_head: the saved head's
+        torch.testing.assert_close(deep.head.state_dict()[key].cpu(), value, rtol=0, atol=1e-6, msg=key)
+    cfg = dataclasses.replace(two, max_steps=4, lr=3e-3, warmup_steps=1)
+    straight = train_eagle3(train_target, data, cfg, work_dir=tmp_path / "a", progress=False)
+    layer = straight.head.later_layers[0]
+    assert float(layer.self_attn.o_proj.weight.detach().abs().max()) > 0
+    assert float(layer.mlp.down_proj.weight.detach().abs().max()) > 0
+    train_eagle3(train_target, data, cfg, work_dir=tmp_path / "b", progress=False, stop_after=2)
+    resumed = train_eagle3(train_target, data, cfg, work_dir=tmp_path / "b", progress=False)
+    for key, value in straight.head.state_dict().items():
+        assert torch.equal(resumed.head.state_dict()[key], value), key
+
+
+def test_a_head_with_more_draft_layers_than_asked_is_refused(train_target, data, tmp_path):
+    first = train_eagle3(train_target, data, TrainConfig(max_steps=1, draft_layers=2, **TINY), work_dir=tmp_path / "a",
+                         progress=False)
+    assert first.head.config.num_layers == 2 and len(first.head.later_layers) == 1
+    save_eagle3(first.head.cpu(), tmp_path / "head")
+    cfg = TrainConfig(max_steps=1, init_head=str(tmp_path / "head"), **TINY)
+    with pytest.raises(ValueError, match=r"has 2 draft layers, the training settings ask for draft_layers=1; "
+                                         r"pass --draft-layers 2 or more"):
+        train_eagle3(train_target, data, cfg, work_dir=tmp_path / "b", progress=False)
+
+
 def test_a_resumable_checkpoint_comes_before_the_init_head(train_target, data, eagle3_head, tmp_path):
     folder, _ = eagle3_head
     cfg = TrainConfig(max_steps=4, **TINY)
@@ -102,6 +139,13 @@ def test_the_command_line_names_a_missing_init_head(tmp_path, capsys):
         main(["eagle3", "--target", "smollm2", "--out", str(tmp_path / "o"), "--init-head", str(tmp_path / "nohead")])
 
 
+@pytest.mark.parametrize("kind, layers, allowed", [("eagle3", "0", "an int >= 1"),
+                                                   ("mtp", "2", r"1 \(an MTP head is one module\)")])
+def test_the_command_line_names_a_bad_draft_layer_count(tmp_path, kind, layers, allowed):
+    with pytest.raises(SystemExit, match=rf"--draft-layers {layers} is out of range for {kind}; allowed: {allowed}"):
+        main([kind, "--target", "smollm2", "--out", str(tmp_path / "o"), "--draft-layers", layers])
+
+
 def test_the_command_line_goes_on_from_a_finished_head(train_target, tmp_path):
     from specdec.drafters.eagle3_checkpoint import load_eagle3
 
@@ -113,9 +157,12 @@ def test_the_command_line_goes_on_from_a_finished_head(train_target, tmp_path):
 
     assert main(argv(tmp_path / "first", tmp_path / "w1", 0)) == 0
     # the next session: other prompts (another seed), a new work folder, the first head to start from
-    assert main(argv(tmp_path / "second", tmp_path / "w2", 1, "--init-head", str(tmp_path / "first"))) == 0
+    assert main(argv(tmp_path / "second", tmp_path / "w2", 1, "--init-head", str(tmp_path / "first"),
+                     "--draft-layers", "2")) == 0
     first, second = load_eagle3(tmp_path / "first"), load_eagle3(tmp_path / "second")
+    assert (first.config.num_layers, second.config.num_layers) == (1, 2)  # deepened on the way
     assert torch.equal(first.d2t, second.d2t)  # the first head's draft vocabulary, kept
     assert not torch.equal(first.fc.weight, second.fc.weight)  # and trained on
     record = (tmp_path / "second" / "TRAINING.md").read_text()
     assert f'"init_head": "{tmp_path / "first"}"' in record and "--init-head" in record
+    assert "draft layers: 2" in record

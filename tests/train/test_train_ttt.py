@@ -52,11 +52,13 @@ def test_fast_ttt_attention_equals_the_dense_masked_reference(T, step, hkv, grou
     torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
 
 
-def test_ttt_steps_reproduce_the_drafters_chain_at_inference():
+@pytest.mark.parametrize("layers", [1, 2], ids=["one-layer", "two-layers"])
+def test_ttt_steps_reproduce_the_drafters_chain_at_inference(layers):
     """Row t of TTT step k == draft depth k+1 after a prompt ending at t, when the sequence
-    continues with the drafter's own chain (what acceptance of every draft means)."""
+    continues with the drafter's own chain (what acceptance of every draft means); a head of
+    two draft layers too (each layer's keys grow on their own in the unroll and the cache)."""
     D, L = 5, 12
-    head = random_head(seed=1, dtype=torch.float64)
+    head = random_head(seed=1, dtype=torch.float64, num_layers=layers)
     embed = torch.nn.Embedding(V, D_T).to(torch.float64)
     torch.nn.init.normal_(embed.weight, generator=torch.Generator().manual_seed(7))
     cfg = SpecConfig(drafter="eagle3", max_draft_len=D, max_batch_size=1, max_seq_len=64, kv_block_size=4)

@@ -8,6 +8,9 @@ Formats read:
   ``embed_tokens.weight``. Config: a Llama config with ``num_hidden_layers: 1``,
   ``draft_vocab_size``, optional ``target_hidden_size`` and
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` (output convention).
+- **several layers** (speculators / vLLM, ``num_hidden_layers`` > 1): ``layers.0.*`` is the
+  EAGLE-3 layer, ``layers.1.*`` on plain Llama decoder layers over its output; `save_eagle3`
+  writes such a head that way (a one-layer head keeps ``midlayer.*``).
 - **speculators** (vLLM): ``layers.0.*`` instead of ``midlayer.*``; optional
   ``input_norm.weight`` (``norm_before_fc``); config with ``speculators_model_type: eagle3``,
   ``transformer_layer_config``, ``norm_before_residual``, top-level
@@ -18,7 +21,7 @@ Weights: ``model.safetensors``, sharded safetensors (``model.safetensors.index.j
 (config.json + model.safetensors) and reloads bit for bit.
 
 Strict means: a missing or unexpected key, a wrong shape, ``d2t`` out of range or not
-injective, ``t2d`` that disagrees with ``d2t``, a multi-layer head, or (with
+injective, ``t2d`` that disagrees with ``d2t``, or (with
 `check_against_target`) a hidden size / vocabulary / layer count that does not fit the
 target is an `Eagle3CheckpointError` naming the value, and so is a truncated or corrupt
 weight or config file (naming the file). Nothing is left at random init.
@@ -91,11 +94,7 @@ def _config_from_dict(cfg: dict, fc_in_features: int | None, keys: set[str], sou
             raise Eagle3CheckpointError(f"{source}: speculators config has no transformer_layer_config")
     else:
         layer = cfg
-    n_layers = layer.get("num_hidden_layers", 1)
-    if n_layers != 1:
-        raise Eagle3CheckpointError(
-            f"{source}: num_hidden_layers={n_layers}; specdec runs single-layer EAGLE-3 heads only"
-        )
+    n_layers = _int(layer, "num_hidden_layers", source, default=1)
     act = layer.get("hidden_act", "silu")
     if act != "silu":
         raise Eagle3CheckpointError(f"{source}: hidden_act={act!r} is not supported; supported: ['silu']")
@@ -134,7 +133,7 @@ def _config_from_dict(cfg: dict, fc_in_features: int | None, keys: set[str], sou
     norm_before_fc = bool(cfg.get("norm_before_fc", False)) or "input_norm.weight" in keys
     try:
         return _eagle3_config(layer, cfg, keys, source, d, heads, vocab, draft_vocab, head_dim, d_t, num_capture, rope,
-                              capture, fc_norm, norm_before_fc)
+                              capture, fc_norm, norm_before_fc, n_layers)
     except ValueError as e:  # Eagle3Config's own rules (GQA groups, draft vocabulary size, ...)
         if isinstance(e, Eagle3CheckpointError):
             raise
@@ -142,7 +141,7 @@ def _config_from_dict(cfg: dict, fc_in_features: int | None, keys: set[str], sou
 
 
 def _eagle3_config(layer, cfg, keys, source, d, heads, vocab, draft_vocab, head_dim, d_t, num_capture, rope, capture,
-                   fc_norm, norm_before_fc) -> Eagle3Config:
+                   fc_norm, norm_before_fc, num_layers) -> Eagle3Config:
     return Eagle3Config(
         hidden_size=d,
         intermediate_size=_int(layer, "intermediate_size", source),
@@ -164,6 +163,7 @@ def _eagle3_config(layer, cfg, keys, source, d, heads, vocab, draft_vocab, head_
         norm_before_residual=bool(cfg.get("norm_before_residual", False)),
         attention_bias=bool(layer.get("attention_bias", False)),
         has_embed_tokens="embed_tokens.weight" in keys,
+        num_layers=num_layers,
     )
 
 
@@ -195,7 +195,7 @@ def official_config_dict(config: Eagle3Config, dtype: torch.dtype = torch.float3
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": config.num_layers,
         "vocab_size": config.vocab_size,
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
@@ -271,8 +271,27 @@ def _key_set(path: Path) -> tuple[set[str], int | None]:
 
 
 def _rename(key: str) -> str:
-    """speculators names -> official names."""
-    return "midlayer." + key[len("layers.0.") :] if key.startswith("layers.0.") else key
+    """speculators names -> the model's: ``layers.0.`` is ``midlayer.``, ``layers.{i}.``
+    (i >= 1) ``later_layers.{i-1}.``."""
+    if not key.startswith("layers."):
+        return key
+    index, dot, rest = key[len("layers."):].partition(".")
+    if not (dot and index.isdigit()):
+        return key
+    i = int(index)
+    return f"midlayer.{rest}" if i == 0 else f"later_layers.{i - 1}.{rest}"
+
+
+def _file_name(key: str, num_layers: int) -> str:
+    """The model's names -> the saved ones: official for one layer, ``layers.{i}.`` for several."""
+    if num_layers == 1:
+        return key
+    if key.startswith("midlayer."):
+        return "layers.0." + key[len("midlayer."):]
+    if key.startswith("later_layers."):
+        index, _, rest = key[len("later_layers."):].partition(".")
+        return f"layers.{int(index) + 1}.{rest}"
+    return key
 
 
 def read_eagle3_config(path) -> Eagle3Config:
@@ -345,6 +364,7 @@ def load_eagle3(path, *, device="cpu", dtype: torch.dtype = torch.float32, targe
     raw = _read_tensors(path)
     source = str(path)
     tensors = {_rename(k): v for k, v in raw.items() if k not in IGNORED_KEYS}
+    file_names = {_rename(k): k for k in raw}  # for messages: the names as the file spells them
     cfg = read_json(path / "config.json", Eagle3CheckpointError) if (path / "config.json").exists() else None
     if cfg is None:
         raise Eagle3CheckpointError(f"{path}: no config.json")
@@ -356,8 +376,8 @@ def load_eagle3(path, *, device="cpu", dtype: torch.dtype = torch.float32, targe
     except (ValueError, TypeError, RuntimeError) as e:
         raise Eagle3CheckpointError(f"{source}: the config does not describe a head ({e})") from None
     optional = {"d2t", "t2d"} if config.draft_vocab_size == config.vocab_size else {"t2d"}
-    missing = sorted(k for k in expected if k not in tensors and k not in optional)
-    unexpected = sorted(k for k in tensors if k not in expected)
+    missing = sorted(_file_name(k, config.num_layers) for k in expected if k not in tensors and k not in optional)
+    unexpected = sorted(file_names[k] for k in tensors if k not in expected)
     if missing or unexpected:
         hint = ""
         if "architectures" in cfg and not any("Eagle3" in a for a in cfg.get("architectures") or []):
@@ -366,7 +386,8 @@ def load_eagle3(path, *, device="cpu", dtype: torch.dtype = torch.float32, targe
     for key, ref in expected.items():
         if key in tensors and key not in ("d2t", "t2d") and tuple(tensors[key].shape) != tuple(ref.shape):
             raise Eagle3CheckpointError(
-                f"{source}: {key} has shape {tuple(tensors[key].shape)}; the config implies {tuple(ref.shape)}"
+                f"{source}: {file_names.get(key, key)} has shape {tuple(tensors[key].shape)}; the config implies "
+                f"{tuple(ref.shape)}"
             )
         if key in tensors and ref.dtype.is_floating_point and not tensors[key].dtype.is_floating_point:
             raise Eagle3CheckpointError(f"{source}: {key} has dtype {tensors[key].dtype}; expected a float tensor")
@@ -416,7 +437,8 @@ def check_against_target(config: Eagle3Config, target, *, source: str = "draft h
 
 
 def save_eagle3(model: Eagle3Model, path, *, dtype: torch.dtype | None = None) -> Path:
-    """Write `model` in the official layout: config.json + model.safetensors (d2t int64, t2d bool).
+    """Write `model` in the official layout: config.json + model.safetensors (d2t int64, t2d bool);
+    a head of several layers names them ``layers.{i}.*`` (speculators / vLLM).
 
     Args:
         dtype: cast floating-point weights (None keeps them as they are).
@@ -428,7 +450,7 @@ def save_eagle3(model: Eagle3Model, path, *, dtype: torch.dtype | None = None) -
         value = value.detach().to("cpu")
         if dtype is not None and value.dtype.is_floating_point:
             value = value.to(dtype)
-        state[key] = value.contiguous().clone()
+        state[_file_name(key, model.config.num_layers)] = value.contiguous().clone()
     float_dtype = next((v.dtype for v in state.values() if v.dtype.is_floating_point), torch.float32)
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     cfg = official_config_dict(model.config, float_dtype)

@@ -61,7 +61,7 @@ class Eagle3Drafter(HeadDrafter):
             model, config, embed=embed, hidden_size=mcfg.hidden_size, num_kv_heads=mcfg.num_key_value_heads,
             head_dim=mcfg.head_dim, draft_vocab_size=mcfg.draft_vocab_size, vocab_size=mcfg.vocab_size,
             target_ids=model.target_ids(), hidden_width=mcfg.fc_in_features, samples_drafts=samples_drafts, seed=seed,
-            policy=policy,
+            policy=policy, num_layers=mcfg.num_layers,
         )
 
     def _forward(self, embeds, hidden, positions, attend, *, first: bool, logits_rows=None):

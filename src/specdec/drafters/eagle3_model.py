@@ -6,6 +6,11 @@ explicit flag), one decoder layer whose QKV reads ``[input_layernorm(embed); hid
 draft vocabulary with ``d2t`` (target id = draft id + d2t[draft id]). Parameter names are
 the official SafeAILab / SpecForge ones, so ``state_dict()`` *is* the official layout.
 
+A head may stack more layers (``num_layers``, the speculators / vLLM convention): the first is
+the EAGLE-3 layer above, each later one a plain Llama decoder layer over the first's output
+(``later_layers``, saved as ``layers.1.*``, ``layers.2.*``: `eagle3_checkpoint`). Each layer
+has its own K/V, so ``attend`` is then one callback per layer.
+
 It knows nothing of KV caches or checkpoints: attention is a callback (``attend(q, k, v)``)
 that the drafter supplies, and files are read by `eagle3_checkpoint.py`. Embeddings are the
 target's (passed in as ``embeds``) unless the checkpoint carries its own ``embed_tokens``.
@@ -62,11 +67,12 @@ class Eagle3Config:
     norm_before_residual: bool = False  # speculators: residual = hidden_norm(x) instead of x
     attention_bias: bool = False
     has_embed_tokens: bool = False  # the checkpoint carries its own embedding
+    num_layers: int = 1  # draft decoder layers: the EAGLE-3 layer, then num_layers - 1 plain ones
 
     def __post_init__(self) -> None:
         for name in (
             "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "vocab_size", "draft_vocab_size", "target_hidden_size", "num_capture",
+            "head_dim", "vocab_size", "draft_vocab_size", "target_hidden_size", "num_capture", "num_layers",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -95,7 +101,7 @@ class Eagle3Config:
 
 
 class Eagle3Layer(nn.Module):
-    """The single draft decoder layer (official name: ``midlayer``)."""
+    """The (first) draft decoder layer, official name ``midlayer``: QKV over [embed; hidden]."""
 
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
@@ -120,6 +126,28 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(normed_h)
 
 
+class DraftDecoderLayer(nn.Module):
+    """A later draft layer (the second and on): a plain Llama decoder layer over the previous
+    layer's output, d wide (speculators' ``layers.{i}``, i >= 1)."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        d = cfg.hidden_size
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(d, d, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                        qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(d, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, attend: Attend, final_norm: RMSNorm | None = None):
+        """x: [B, T, d] -> [B, T, d]; with `final_norm` (output, final_norm(output)) as `Eagle3Layer`."""
+        h, normed_h = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), cos, sin,
+                                                                                  attend))
+        if final_norm is not None:
+            return final_norm.add_forward(h, self.mlp(normed_h))
+        return h + self.mlp(normed_h)
+
+
 class Eagle3Model(nn.Module):
     """EAGLE-3 head. ``state_dict()`` keys are the official layout (see `eagle3_checkpoint`).
 
@@ -139,6 +167,7 @@ class Eagle3Model(nn.Module):
         )
         self.input_norm = RMSNorm(cfg.fc_in_features, cfg.rms_norm_eps) if cfg.norm_before_fc else None
         self.midlayer = Eagle3Layer(cfg)
+        self.later_layers = nn.ModuleList(DraftDecoderLayer(cfg) for _ in range(cfg.num_layers - 1))
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(d, cfg.draft_vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d) if cfg.has_embed_tokens else None
@@ -197,7 +226,8 @@ class Eagle3Model(nn.Module):
                 draft-layer outputs of the parent rows.
             positions: [B, T] int64 RoPE positions (p: the position of the hidden state).
             attend: ``(q [B,T,H,hd], k [B,T,Hkv,hd], v [B,T,Hkv,hd]) -> [B,T,H,hd]``; it stores
-                the new K/V and attends over the draft cache.
+                the new K/V and attends over the draft cache. A head of several layers takes a
+                sequence of them, one per layer (each layer's K/V are its own).
             first_step: apply fc to `hidden` (an explicit flag; never inferred from widths).
             logits_rows: [B] int64, or None: the logits of row logits_rows[b] only (a prompt
                 chunk needs its last row's; the head over every row of a long chunk is ~30% of
@@ -214,9 +244,28 @@ class Eagle3Model(nn.Module):
             )
         if embeds.shape[-1] != d:
             raise Eagle3ShapeError(f"embeddings have width {embeds.shape[-1]}; the head's hidden size is {d}")
+        attends = self.layer_attends(attend)
         cos, sin = self.rotary(positions, hidden.dtype)  # [B, T, 1, hd]
-        out, normed = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attend, final_norm=self.norm)  # [B, T, d] x2
+        last = len(self.later_layers) == 0
+        out = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attends[0], final_norm=self.norm if last else None)
+        for i, layer in enumerate(self.later_layers, start=1):
+            out = layer(out, cos, sin, attends[i], final_norm=self.norm if i == len(self.later_layers) else None)
+        out, normed = out  # [B, T, d] x2: the last layer's output and its final norm
         return out, self._head(normed if logits_rows is None else take_rows(normed, logits_rows))
+
+    def layer_attends(self, attend) -> tuple[Attend, ...]:
+        """One ``attend`` per layer: `attend` itself for a single-layer head, else the sequence
+        given, checked to hold one per layer (a single callback would mix the layers' K/V)."""
+        n = self.config.num_layers
+        if callable(attend):
+            if n != 1:
+                raise TypeError(f"this head has num_layers={n}: pass one attend callback per layer (a sequence of {n}), "
+                                "not a single one")
+            return (attend,)
+        attends = tuple(attend)
+        if len(attends) != n or not all(callable(a) for a in attends):
+            raise TypeError(f"this head has num_layers={n}: pass {n} attend callbacks, got {len(attends)}")
+        return attends
 
 
 def random_vocab_map(vocab_size: int, draft_vocab_size: int, generator: torch.Generator | None = None):

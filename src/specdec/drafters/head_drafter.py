@@ -189,6 +189,8 @@ class HeadDrafter:
         seed: mixed into the keys of the draft-sampling draws (with each request's own seed).
         policy: the tree policy (`specdec_tree_policy`); None = the built-in policy that
             `config.tree` names, sampling iff `samples_drafts`.
+        num_layers: the draft layers, each with its own layer of the draft KV cache; `_forward`
+            gets one `attend` per layer when there are several.
     """
 
     reads: str  # "captured" or "last_hidden" (the `Drafter` capability)
@@ -213,8 +215,10 @@ class HeadDrafter:
         samples_drafts: bool = False,
         seed: int = 0,
         policy=None,
+        num_layers: int = 1,
     ) -> None:
         self.model = model.eval()
+        self.num_layers = num_layers  # draft layers, each with its own K/V (one `attend` per layer)
         self.embed = embed
         # a plain lookup table (an nn.Embedding: the head's own, or the target's `embed_lookup`) is
         # read inside each depth's compiled input piece, one launch fewer per draft depth; any
@@ -255,7 +259,7 @@ class HeadDrafter:
         self.batch_size = B
         # Standalone (no engine): a private cache; `attach` moves the KV onto the target's allocator.
         self.cache = PagedKVCache(
-            1,
+            num_layers,
             num_kv_heads,
             head_dim,
             max_batch_size=B,
@@ -312,7 +316,7 @@ class HeadDrafter:
         """Put the draft KV on `cache`'s allocator (the target's): same blocks, same tables."""
         if cache.device != self.device or cache.max_batch_size != self.batch_size:
             return  # a head on another device keeps its private cache
-        self.cache = cache.layer_group(1, self.num_kv_heads, self.head_dim, dtype=self.dtype)
+        self.cache = cache.layer_group(self.num_layers, self.num_kv_heads, self.head_dim, dtype=self.dtype)
         self._owns_cache = False
 
     # ------------------------------------------------------------------ subclass hook
@@ -337,15 +341,21 @@ class HeadDrafter:
     def _attend(self, batch: AttentionBatch):
         """`attend(q, k, v)` for one draft forward: store the rows' K/V, then paged attention;
         its `with_rope` takes q and k before RoPE and stores through `write_rotated` (RoPE and
-        the K/V write in one launch where the cache fuses them: `draft_layers`)."""
+        the K/V write in one launch where the cache fuses them: `draft_layers`). A head of
+        several layers gets one per layer, each over its own layer of the draft cache."""
+        if self.num_layers == 1:
+            return self._layer_attend(batch, 0)
+        return tuple(self._layer_attend(batch, layer) for layer in range(self.num_layers))
 
+    def _layer_attend(self, batch: AttentionBatch, layer: int):
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.cache.write(0, k, v, batch.write_index)
-            return attention(q, self.cache, 0, batch, scale=self.scale, impl=self.attn_impl)
+            self.cache.write(layer, k, v, batch.write_index)
+            return attention(q, self.cache, layer, batch, scale=self.scale, impl=self.attn_impl)
 
         def with_rope(q, k, v, cos, sin, rotary) -> torch.Tensor:
-            q = self.cache.write_rotated(0, q, k, v, cos, sin, batch.write_index, rotary=rotary, impl=self.rope_impl)
-            return attention(q, self.cache, 0, batch, scale=self.scale, impl=self.attn_impl)
+            q = self.cache.write_rotated(layer, q, k, v, cos, sin, batch.write_index, rotary=rotary,
+                                         impl=self.rope_impl)
+            return attention(q, self.cache, layer, batch, scale=self.scale, impl=self.attn_impl)
 
         attend.with_rope = with_rope
         return attend

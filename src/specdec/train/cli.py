@@ -96,6 +96,7 @@ def _train_config(args):
         val_fraction=getattr(args, "val_fraction", TrainConfig.val_fraction),
         init_head=None if init_head is None else str(Path(init_head).expanduser()),
         mtp_loss_vocab=getattr(args, "mtp_loss_vocab", TrainConfig.mtp_loss_vocab),
+        draft_layers=getattr(args, "draft_layers", TrainConfig.draft_layers),
     )
 
 
@@ -109,6 +110,9 @@ def _cmd_train(args, argv) -> int:
         raise SystemExit(f"--max-variants {args.max_variants} is out of range; allowed: an int >= 1 (1: each prompt once)")
     if not args.variant_temperature > 0:
         raise SystemExit(f"--variant-temperature {args.variant_temperature} is out of range; allowed: a number > 0")
+    if args.draft_layers < 1 or (args.command == "mtp" and args.draft_layers != 1):
+        allowed = "1 (an MTP head is one module)" if args.command == "mtp" else "an int >= 1"
+        raise SystemExit(f"--draft-layers {args.draft_layers} is out of range for {args.command}; allowed: {allowed}")
     if args.init_head is not None and not (Path(args.init_head).expanduser() / "config.json").is_file():
         raise SystemExit(f"--init-head {args.init_head}: no head there (a folder with config.json and model.safetensors)")
 
@@ -242,6 +246,9 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mtp-loss-vocab", choices=("full", "draft"), default="full",
                    help="mtp: the loss over the full vocabulary (default), or over the draft vocabulary only, as "
                         "EAGLE-3 trains (~V / Vd times less lm_head work per step; drafting uses that vocabulary)")
+    g.add_argument("--draft-layers", type=int, default=1,
+                   help="eagle3: decoder layers of the head (1: the official layout; more: speculators' layers.{i}); "
+                        "with --init-head, the layers it lacks start as identities")
     g.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (eagle3) / recursion depth trained (mtp)")
     g.add_argument("--prompt-weight", type=float, default=0.1)
     g.add_argument("--epochs", type=float, default=4.0)

@@ -86,7 +86,7 @@ def _eagle3_recipe() -> HeadRecipe:
         c = result.head.config
         return [
             f"draft vocabulary {c.draft_vocab_size} tokens covering {result.coverage:.1%} of the training targets",
-            f"capture layers (output convention): {c.capture_layers}; fc_norm: {c.fc_norm}",
+            f"capture layers (output convention): {c.capture_layers}; fc_norm: {c.fc_norm}; draft layers: {c.num_layers}",
         ]
 
     return HeadRecipe("eagle3", "EAGLE-3 head", "official EAGLE-3 layout (config.json + model.safetensors, bf16)",

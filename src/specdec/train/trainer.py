@@ -50,6 +50,7 @@ from .vocab import build_vocab_map, coverage, token_counts
 
 __all__ = [
     "EarlyStop", "RunSetup", "TrainConfig", "TrainResult", "ValSums", "build_head", "category_of_kind", "checkpoint_saver",
+    "deepen",
     "fit_steps", "lr_at", "prepare_run", "run_training_loop", "scaled_output_norm", "summarize_validation", "train_eagle3",
     "validation_batches",
 ]
@@ -97,6 +98,8 @@ class TrainConfig:
     early_stop_min_delta: float = 0.0  # an evaluation counts as better when it beats the best by more than this
     mtp_loss_vocab: str = "full"  # mtp: the loss over the full vocabulary, or "draft": over the draft vocabulary
     # (the draft_vocab_size most frequent targets, as EAGLE-3 trains: ~V / Vd times less lm_head work per step)
+    draft_layers: int = 1  # eagle3: decoder layers of the head (the EAGLE-3 layer, then plain ones; a warm start
+    # from a head with fewer adds them as identities: zero o_proj and down_proj, so it starts as that head)
     init_head: str | None = None  # a head folder to start from (its weights and draft vocabulary; a fresh optimizer
     # and schedule): training goes on across machines and sessions, on new data; a resumed checkpoint comes first
 
@@ -104,7 +107,7 @@ class TrainConfig:
         def bad(name, rng):
             raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} is out of range; allowed: {rng}")
 
-        for name in ("draft_vocab_size", "ttt_steps", "batch_tokens", "log_every", "val_every"):
+        for name in ("draft_vocab_size", "ttt_steps", "batch_tokens", "log_every", "val_every", "draft_layers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, "int >= 1")
@@ -190,6 +193,7 @@ def build_head(target, cfg: TrainConfig, d2t: torch.Tensor, t2d: torch.Tensor) -
         max_position_embeddings=mc.max_position_embeddings,
         capture_layers=layers,
         fc_norm=cfg.fc_norm,
+        num_layers=cfg.draft_layers,
     )
     head = Eagle3Model(hcfg)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -237,7 +241,33 @@ def load_init_eagle3(target, cfg: TrainConfig) -> Eagle3Model:
         if have[name] != value:
             raise ValueError(f"{source} has {name}={have[name]!r}, the training settings ask for {name}={value!r}; "
                              f"{fix[name]}")
-    return head
+    if head.config.num_layers > cfg.draft_layers:
+        raise ValueError(f"{source} has {head.config.num_layers} draft layers, the training settings ask for "
+                         f"draft_layers={cfg.draft_layers}; pass --draft-layers {head.config.num_layers} or more")
+    return deepen(head, cfg.draft_layers, torch.Generator().manual_seed(cfg.seed), cfg.init_std)
+
+
+def deepen(head: Eagle3Model, num_layers: int, generator: torch.Generator, std: float) -> Eagle3Model:
+    """`head` with `num_layers` draft layers: its own, then new plain layers that start as
+    identities (random q/k/v and gate/up at `std`, unit norms, zero o_proj and down_proj: each
+    adds nothing to the residual until trained), so the deeper head drafts what `head` drafts.
+    Returns `head` itself when it already has `num_layers`."""
+    if head.config.num_layers == num_layers:
+        return head
+    deeper = Eagle3Model(dataclasses.replace(head.config, num_layers=num_layers))
+    missing, unexpected = deeper.load_state_dict(head.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("later_layers.") for k in missing):
+        raise ValueError(f"cannot deepen the head: unexpected keys {unexpected}, missing {missing}")
+    with torch.no_grad():
+        for layer in deeper.later_layers[head.config.num_layers - 1:]:
+            for name, p in layer.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias") or name.startswith(("self_attn.o_proj.", "mlp.down_proj.")):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+    return deeper
 
 
 def _fingerprint(data) -> str:

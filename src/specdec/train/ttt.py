@@ -225,7 +225,8 @@ def ttt_unroll(
     in_vocab = head.t2d[teacher_argmax]  # [B, T] target argmax is a draft token
     teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, Vd]
     base = torch.arange(T, device=tokens.device)[None].expand(B, T)
-    attend = growing_attend(attention, scale)
+    layers = head.config.num_layers  # each draft layer grows its own keys
+    attend = growing_attend(attention, scale) if layers == 1 else [growing_attend(attention, scale) for _ in range(layers)]
     hidden = captured
     acc = UnrollLoss(captured, step_weight)
     for k in range(steps):
