@@ -139,13 +139,12 @@ class DraftDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.mlp = SwiGLU(d, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, attend: Attend, final_norm: RMSNorm | None = None):
-        """x: [B, T, d] -> [B, T, d]; with `final_norm` (output, final_norm(output)) as `Eagle3Layer`."""
-        h, normed_h = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), cos, sin,
-                                                                                  attend))
-        if final_norm is not None:
-            return final_norm.add_forward(h, self.mlp(normed_h))
-        return h + self.mlp(normed_h)
+    def forward(self, x, normed_x, cos, sin, attend: Attend, final_norm: RMSNorm):
+        """x [B, T, d] and its input_layernorm(x) (computed by the layer before, fused with its
+        residual add) -> (output [B, T, d], final_norm(output)): `final_norm` is the next
+        layer's input norm, or the head's norm after the last layer."""
+        h, normed_h = self.post_attention_layernorm.add_forward(x, self.self_attn(normed_x, cos, sin, attend))
+        return final_norm.add_forward(h, self.mlp(normed_h))
 
 
 class Eagle3Model(nn.Module):
@@ -246,11 +245,11 @@ class Eagle3Model(nn.Module):
             raise Eagle3ShapeError(f"embeddings have width {embeds.shape[-1]}; the head's hidden size is {d}")
         attends = self.layer_attends(attend)
         cos, sin = self.rotary(positions, hidden.dtype)  # [B, T, 1, hd]
-        last = len(self.later_layers) == 0
-        out = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attends[0], final_norm=self.norm if last else None)
-        for i, layer in enumerate(self.later_layers, start=1):
-            out = layer(out, cos, sin, attends[i], final_norm=self.norm if i == len(self.later_layers) else None)
-        out, normed = out  # [B, T, d] x2: the last layer's output and its final norm
+        # each layer's last residual add runs fused with the norm that reads it next
+        norms = [layer.input_layernorm for layer in self.later_layers] + [self.norm]
+        out, normed = self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, attends[0], final_norm=norms[0])
+        for layer, attend_i, norm in zip(self.later_layers, attends[1:], norms[1:]):
+            out, normed = layer(out, normed, cos, sin, attend_i, final_norm=norm)  # [B, T, d] x2
         return out, self._head(normed if logits_rows is None else take_rows(normed, logits_rows))
 
     def layer_attends(self, attend) -> tuple[Attend, ...]:
