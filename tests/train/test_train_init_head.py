@@ -166,3 +166,29 @@ def test_the_command_line_goes_on_from_a_finished_head(train_target, tmp_path):
     record = (tmp_path / "second" / "TRAINING.md").read_text()
     assert f'"init_head": "{tmp_path / "first"}"' in record and "--init-head" in record
     assert "draft layers: 2" in record
+
+
+def test_the_command_line_deepens_a_head_that_drafts_the_same(tmp_path, capsys):
+    """`deepen`: the saved deeper head (bf16 by default) has the old layers bit for bit and gives
+    the same logits as the old head (new layers are identities); fewer layers are refused."""
+    from specdec.drafters.draft_attention import causal_attend
+    from specdec.drafters.eagle3_checkpoint import load_eagle3
+
+    from _eagle3_heads import random_head
+
+    head = random_head(seed=6)
+    save_eagle3(head, tmp_path / "one")
+    assert main(["deepen", "--head", str(tmp_path / "one"), "--layers", "2", "--out", str(tmp_path / "two"),
+                 "--dtype", "float32"]) == 0
+    assert "2 draft layers (1 from" in capsys.readouterr().out
+    two = load_eagle3(tmp_path / "two")
+    assert two.config.num_layers == 2
+    g = torch.Generator().manual_seed(0)
+    emb, hidden = torch.randn(1, 5, 32, generator=g), torch.randn(1, 5, 96, generator=g)
+    pos = torch.arange(5)[None]
+    attend = causal_attend(head.config.head_dim**-0.5)
+    with torch.no_grad():
+        assert torch.equal(head(emb, hidden, pos, attend, first_step=True)[1],
+                           two(emb, hidden, pos, [attend, attend], first_step=True)[1])
+    with pytest.raises(SystemExit, match=r"--layers 2 is out of range: .* has 2 draft layers; allowed: more than 2"):
+        main(["deepen", "--head", str(tmp_path / "two"), "--layers", "2", "--out", str(tmp_path / "x")])

@@ -10,6 +10,8 @@ Subcommands:
 - ``eval``: mean acceptance length and speed of a head on held-out prompts (a table).
 - ``prompts``: show or write prompts of a split (the frozen evaluation set is made with it).
 - ``categories``: write the per-category held-out set (``categories_heldout.jsonl``, `categories`).
+- ``deepen``: an EAGLE-3 head with more draft layers that drafts what the head drafts (the new
+  layers start as identities): the cost of a deeper head, timed before one is trained.
 - ``plot``: redraw the curves PNG from a training log.
 
 Owns argument parsing; the pipeline (phases, data cache, record) is `pipeline`, the work is in
@@ -175,6 +177,23 @@ def _cmd_plot(args, argv) -> int:
     return 0
 
 
+def _cmd_deepen(args, argv) -> int:
+    import torch  # torch: see the note at the top
+
+    from specdec.drafters.eagle3_checkpoint import load_eagle3, save_eagle3
+    from .trainer import deepen
+
+    head = load_eagle3(Path(args.head).expanduser(), dtype=torch.float32)
+    if not head.config.num_layers < args.layers:
+        raise SystemExit(f"--layers {args.layers} is out of range: {args.head} has {head.config.num_layers} draft "
+                         f"layers; allowed: more than {head.config.num_layers}")
+    dtype = getattr(torch, args.dtype)
+    out = save_eagle3(deepen(head, args.layers, torch.Generator().manual_seed(args.seed), args.init_std),
+                      Path(args.out).expanduser(), dtype=dtype)
+    print(f"{out}: {args.layers} draft layers ({head.config.num_layers} from {args.head}, the rest identities), {args.dtype}")
+    return 0
+
+
 def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-source", choices=("frozen", "categories", "edit", "heldout"), default="frozen",
                    help="frozen: the held-out set shipped with specdec (same on every machine); categories: the shipped "
@@ -327,6 +346,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--history-tokens", type=int, default=96, help="max new tokens of each earlier answer")
     p.add_argument("--write", required=True, help="the jsonl to write (the shipped one: src/specdec/train/categories_heldout.jsonl)")
     p.set_defaults(fn=_cmd_categories)
+
+    p = sub.add_parser("deepen", help="an EAGLE-3 head with more draft layers that drafts what it drafts (the new "
+                                      "layers start as identities): to time a deeper head before training one")
+    p.add_argument("--head", required=True, help="EAGLE-3 checkpoint folder")
+    p.add_argument("--layers", type=int, required=True, help="draft layers of the new head (more than the head's)")
+    p.add_argument("--out", required=True, help="folder to write (config.json + model.safetensors)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    p.add_argument("--seed", type=int, default=0, help="draws the new layers' q/k/v and gate/up weights")
+    p.add_argument("--init-std", type=float, default=0.02)
+    p.set_defaults(fn=_cmd_deepen)
 
     p = sub.add_parser("plot", help="draw the curves PNG from a training log")
     p.add_argument("--log", required=True)
