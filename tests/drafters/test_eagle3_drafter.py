@@ -16,6 +16,7 @@ from specdec.drafters.eagle3_model import Eagle3ShapeError
 from specdec.step_state import StepState
 from specdec.types import SamplingTensors
 
+from _attend import growing_sdpa
 from _eagle3_heads import D_T, V, World, random_head
 
 WIDTH = 3 * D_T
@@ -180,28 +181,9 @@ def test_reset_slot_gives_root_only_trees_until_the_next_prefill_and_reuse_is_cl
 def dense_path_logits(head, embed, next_tokens, hidden, path):
     """Reference: draft logits [Vd] after the prompt rows and then one row per token of `path`
     (target ids), with plain causal SDPA over every key so far (no paging, no tree masks)."""
-    hd = head.config.head_dim
-
-    def growing():
-        ks, vs = [], []
-
-        def attend(q, k, v):
-            ks.append(k)
-            vs.append(v)
-            K, Vv = torch.cat(ks, 1), torch.cat(vs, 1)
-            T, S = q.shape[1], K.shape[1]
-            mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
-            o = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), K.transpose(1, 2), Vv.transpose(1, 2), attn_mask=mask, scale=hd**-0.5,
-                enable_gqa=True,
-            )
-            return o.transpose(1, 2)
-
-        return attend
-
+    scale = head.config.head_dim**-0.5
     layers = head.config.num_layers  # each layer keeps its own keys
-    attend = growing() if layers == 1 else [growing() for _ in range(layers)]
-
+    attend = growing_sdpa(scale) if layers == 1 else [growing_sdpa(scale) for _ in range(layers)]
     L = next_tokens.shape[0]
     out, logits = head(embed(next_tokens[None]), hidden[None], torch.arange(L)[None], attend, first_step=True)
     h, last = out[:, -1:], logits[0, -1]

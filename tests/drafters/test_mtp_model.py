@@ -5,6 +5,7 @@ import torch
 
 from specdec.drafters.mtp_model import MTPConfig, MTPModel, MTPShapeError, causal_attend
 
+from _attend import growing_sdpa
 from _mtp_heads import D, V, mtp_config, random_mtp
 
 
@@ -80,19 +81,7 @@ def test_the_decode_path_in_chunks_equals_the_full_sequence_forward():
     model = random_mtp(seed=4, dtype=torch.float64, has_lm_head=True)
     hidden = torch.randn(1, 9, D, dtype=torch.float64)
     embeds = torch.randn(1, 9, D, dtype=torch.float64)
-    ks, vs = [], []
-
-    def attend(q, k, v):  # keeps every key so far; each chunk sees the earlier chunks and itself causally
-        ks.append(k)
-        vs.append(v)
-        K, Vv = torch.cat(ks, 1), torch.cat(vs, 1)
-        T, S = q.shape[1], K.shape[1]
-        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), K.transpose(1, 2), Vv.transpose(1, 2), attn_mask=mask, scale=16**-0.5, enable_gqa=True
-        )
-        return o.transpose(1, 2)
-
+    attend = growing_sdpa(16**-0.5)  # each chunk sees the earlier chunks and itself causally
     with torch.no_grad():
         full_f, full_l = model.sequence_forward(hidden, embeds)
         parts = [(0, 4), (4, 5), (5, 9)]
