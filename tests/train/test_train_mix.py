@@ -268,10 +268,21 @@ def test_the_frozen_recipe_is_deterministic_apart_from_the_target():
 
 
 # --------------------------------------------------------------------------- tau per category
+def test_conditional_acceptance_is_the_share_of_steps_past_each_depth_among_those_that_reached_it():
+    from specdec.train.evaluate import conditional_acceptance
+
+    # 5 steps: a = 0, 1, 3, 3, 2 -> reached depth 0: 5, depth 1: 4, depth 2: 3, depth 3: 2, depth 4: 0
+    assert conditional_acceptance([0, 1, 3, 3, 2], 5)[:3] == [4 / 5, 3 / 4, 2 / 3]
+    rates = conditional_acceptance([0, 1, 3, 3, 2], 5)
+    assert rates[3] == 0.0 and rates[4] != rates[4]  # none of the two at depth 3 went on; nobody reached depth 4
+    assert conditional_acceptance([], 2)[0] != conditional_acceptance([], 2)[0]  # NaN: no step at all
+
+
+
 def test_evaluation_reports_tau_per_category(tmp_path, monkeypatch):
     from _train_tiny import make_target
 
-    from specdec.train.evaluate import evaluate_head, format_table
+    from specdec.train.evaluate import evaluate_head, format_depth_table, format_table
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     prompts = [Prompt("code", "stdlib:x.py", "def f(a, b):\n    return a + b\n", False),
@@ -296,6 +307,14 @@ def test_evaluation_reports_tau_per_category(tmp_path, monkeypatch):
     assert "batch size 3, dtype float32; target-only speed measured in the same run" in table
     old = {k: v for k, v in rows[0].items() if k not in ("tau_by_category", "batch_size", "dtype")}
     assert "tau (multi-turn)" not in format_table([old])  # rows without categories: the old table
+    # acceptance by depth: none for target-only; for the chain, "all" then each category, whose steps add up
+    assert rows[0]["depth_acceptance"] is None
+    depth = rows[1]["depth_acceptance"]
+    assert list(depth) == ["all", *CATEGORIES] and all(len(v["p"]) == 8 for v in depth.values())  # ngram chain D=8
+    assert depth["all"]["steps"] == sum(depth[c]["steps"] for c in CATEGORIES) > 0
+    depth_table = format_depth_table(rows)
+    assert depth_table.splitlines()[0].startswith("| setup | category | steps | p1 | p2 |")
+    assert f"| {rows[1]['name']} | general-chat |" in depth_table and format_depth_table(rows[:1]) == ""
     json.dumps(rows)
 
 

@@ -124,7 +124,7 @@ def _cmd_train(args, argv) -> int:
 
 # --------------------------------------------------------------------------- others
 def _cmd_eval(args, argv) -> int:
-    from .evaluate import HEADLESS_DRAFTERS, evaluate_head, format_table  # torch: see the note at the top
+    from .evaluate import HEADLESS_DRAFTERS, evaluate_head, format_depth_table, format_table  # torch: see the note at the top
 
     device = _device(args.device)
     target = _load_target(args, device)
@@ -142,6 +142,9 @@ def _cmd_eval(args, argv) -> int:
                          plugin_options=options)
     print(format_table(rows, title=f"{args.head or args.drafter} on {len(prompts)} held-out prompts ({args.eval_source}), greedy, "
                                    f"{args.eval_max_new_tokens} new tokens, {device}"))
+    depth_table = format_depth_table(rows)
+    if depth_table:
+        print("\nAcceptance by depth (where the head fails)\n\n" + depth_table)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

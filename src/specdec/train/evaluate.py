@@ -9,6 +9,12 @@ prefill, summed over prompts (sum of (new tokens - 1) / sum of steps), the same 
 Besides tau over all prompts, code (raw text) and chat prompts, ``tau_by_category`` gives tau
 per `categories.category_of` category (code-long-context, ..., multi-turn), and the table shows
 one column per category present.
+
+Where a head fails, per category: ``depth_acceptance`` holds, for each drafted setup, the
+conditional acceptance p_d = P(depth d accepted | depth d - 1 accepted) over every step of the
+category's prompts, and the share of steps that accepted nothing (`format_depth_table`). A
+head whose p_1 is low fails at its own first prediction (capacity, data); one whose later p_d
+fall fails as its drafts feed on themselves (the unroll).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from .categories import CATEGORIES, category_of
 from .conversation import encode_any
 from .prompts import Prompt
 
-__all__ = ["DRAFTER_SETUPS", "SETUPS", "evaluate_head", "format_table"]
+__all__ = ["DRAFTER_SETUPS", "SETUPS", "conditional_acceptance", "evaluate_head", "format_depth_table", "format_table"]
 
 def _standard(drafter: str) -> dict[str, tuple[str, SpecConfig]]:
     return {
@@ -52,6 +58,27 @@ DRAFTER_SETUPS = {
 }
 SETUPS = ("target", "linear", "tree")
 HEADLESS_DRAFTERS = ("ngram",)
+
+
+def conditional_acceptance(accepted: list[int], depth: int) -> list[float]:
+    """p_d = P(depth d accepted | depth d - 1 accepted) for d = 1..depth over the steps' accepted
+    draft counts (a step that accepted a drafts accepted depths 1..a); NaN where no step got to
+    depth d - 1."""
+    rates = []
+    for d in range(1, depth + 1):
+        reached = sum(1 for a in accepted if a >= d - 1)
+        rates.append(sum(1 for a in accepted if a >= d) / reached if reached else float("nan"))
+    return rates
+
+
+def _depth_rows(accepted: list[list[int]], cats: list[str], depth: int) -> dict:
+    """Per category (and "all"): steps, p_1..p_depth, share of steps accepting nothing."""
+    out = {}
+    for cat in ["all"] + _category_order(cats):
+        steps = [a for i, seq in enumerate(accepted) if cat in ("all", cats[i]) for a in seq]
+        out[cat] = {"steps": len(steps), "p": conditional_acceptance(steps, depth),
+                    "none": sum(1 for a in steps if a == 0) / len(steps) if steps else float("nan")}
+    return out
 
 
 def _sync(device: torch.device) -> None:
@@ -107,7 +134,9 @@ def evaluate_head(
     Returns:
         one dict per setup: name, prompts, tau, tau_code, tau_chat, tau_by_category (category ->
         tau, `categories.category_of`), new_tokens, seconds, tokens_per_s, same_as_target (share
-        of outputs equal to target-only's, when run), batch_size, dtype.
+        of outputs equal to target-only's, when run), depth_acceptance (drafted setups: "all"
+        and each category -> steps, p [p_1..p_D] conditional acceptance, none: share of steps
+        accepting nothing; None for target-only), batch_size, dtype.
     """
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
@@ -137,7 +166,7 @@ def evaluate_head(
         dec = SpecDecoder.from_pretrained(target, draft, config)
         if warmup:  # Triton compilation and allocator warm-up stay out of the timing
             dec.generate([ids[0]], dataclasses.replace(sampling, max_new_tokens=min(8, max_new_tokens)))
-        outputs, steps, seconds = [], [], 0.0
+        outputs, steps, accepted, seconds = [], [], [], 0.0
         for start in range(0, len(ids), config.cache.max_batch_size):
             chunk = ids[start : start + config.cache.max_batch_size]
             _sync(device)
@@ -147,6 +176,7 @@ def evaluate_head(
             seconds += time.perf_counter() - t0
             outputs += [r.token_ids for r in results]
             steps += [r.stats.steps for r in results]
+            accepted += [list(r.stats.accepted_per_step) for r in results]
             if progress:
                 print(f"  [{name}] {min(start + len(chunk), len(ids))}/{len(ids)} prompts", flush=True)
         del dec
@@ -168,6 +198,7 @@ def evaluate_head(
             "seconds": seconds,
             "tokens_per_s": sum(len(o) for o in outputs) / seconds if seconds else float("nan"),
             "same_as_target": None,
+            "depth_acceptance": None if key == "target" else _depth_rows(accepted, cats, base.shape.max_draft_len),
             "batch_size": config.cache.max_batch_size,
             "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
         }
@@ -210,4 +241,22 @@ def format_table(rows: list[dict], *, title: str = "") -> str:
     if runs:
         same_run = "; target-only speed measured in the same run" if any(r.get("setup") == "target" for r in rows) else ""
         lines += ["", "; ".join(f"batch size {b}, dtype {d}" for b, d in runs) + same_run]
+    return "\n".join(lines)
+
+
+def format_depth_table(rows: list[dict]) -> str:
+    """A Markdown table of each drafted setup's conditional acceptance by depth, per category
+    (rows without `depth_acceptance` are skipped; "" when none has it)."""
+    drafted = [r for r in rows if r.get("depth_acceptance")]
+    if not drafted:
+        return ""
+    depth = max(len(v["p"]) for r in drafted for v in r["depth_acceptance"].values())
+    lines = ["| setup | category | steps | " + "".join(f"p{d} | " for d in range(1, depth + 1))
+             + "steps accepting nothing |", "|" + "---|" * (4 + depth)]
+    for r in drafted:
+        for cat, v in r["depth_acceptance"].items():
+            ps = [format(p, ".2f") if p == p else "-" for p in v["p"]] + ["-"] * (depth - len(v["p"]))
+            none = format(v["none"], ".0%") if v["none"] == v["none"] else "-"
+            lines.append(f"| {r['name']} | {cat} | {v['steps']} | " + "".join(f"{p} | " for p in ps) + f"{none} |")
+    lines += ["", "p_d = P(depth d accepted | depth d - 1 accepted) over every step of the category's prompts"]
     return "\n".join(lines)

@@ -29,7 +29,7 @@ from . import prompts as prompt_sources  # `prompt_sources.sample_prompts`: look
 from .categories import frozen_category_prompts
 from .conversation import build_mix_distill_data
 from .distill import DistillData, build_distill_data
-from .evaluate import evaluate_head, format_table
+from .evaluate import evaluate_head, format_depth_table, format_table
 from .expand import target_generate
 from .mix import MixConfig, normalize, sample_mix
 from .mtp_trainer import mtp_draft_vocab, train_mtp
@@ -409,6 +409,9 @@ def _write_record(recipe: HeadRecipe, out: Path, args, argv, data, cfg, result, 
         lines += ["## Validation per category (last evaluation during training)", "", *val_lines, ""]
     if eval_rows:
         lines += ["## Evaluation (held-out prompts, greedy)", "", format_table(eval_rows), ""]
+        depth_table = format_depth_table(eval_rows)
+        if depth_table:
+            lines += ["## Acceptance by depth (held-out prompts, greedy)", "", depth_table, ""]
         compare = estimate_vs_measured(result.last_val, eval_rows)
         if compare:
             lines += ["## Estimated tau (training) vs measured tau (evaluation)", "",
@@ -511,6 +514,7 @@ def run_pipeline(recipe: HeadRecipe, args, argv, *, load_target, device, train_c
         rows = phases.run("eval", evaluate_head, target, out, prompts, setups=setups, batch_size=args.eval_batch_size,
                           max_new_tokens=args.eval_max_new_tokens, drafter=recipe.drafter)
         print(format_table(rows, title=f"held-out prompts ({args.eval_source}), greedy, {args.eval_max_new_tokens} new tokens"))
+        print(format_depth_table(rows))
         (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
         _write_record(recipe, out, args, argv, data, cfg, result, phases, rows, extra_lines, val_data)
     total = time.perf_counter() - phases.start
