@@ -101,6 +101,13 @@ def test_a_warm_start_with_more_draft_layers_starts_as_the_saved_head_and_trains
         assert torch.equal(resumed.head.state_dict()[key], value), key
 
 
+def test_a_checkpoint_of_other_draft_layers_is_not_resumed(train_target, data, tmp_path):
+    cfg = TrainConfig(max_steps=2, draft_layers=2, **TINY)
+    train_eagle3(train_target, data, cfg, work_dir=tmp_path, progress=False, stop_after=1)
+    with pytest.raises(ValueError, match=r"checkpoint has draft_layers=2, the config asks for 1"):
+        train_eagle3(train_target, data, dataclasses.replace(cfg, draft_layers=1), work_dir=tmp_path, progress=False)
+
+
 def test_a_head_with_more_draft_layers_than_asked_is_refused(train_target, data, tmp_path):
     first = train_eagle3(train_target, data, TrainConfig(max_steps=1, draft_layers=2, **TINY), work_dir=tmp_path / "a",
                          progress=False)

@@ -5,7 +5,8 @@ Formats read:
 - **official** (SafeAILab EAGLE / SpecForge ``to_sglang`` export): ``fc.weight``
   [d, n*d_t], ``midlayer.*``, ``norm.weight``, ``lm_head.weight`` [Vd, d], ``d2t`` [Vd],
   ``t2d`` [V]; optional ``fc_norm.{i}.weight`` (per captured chunk), ``fc.bias``,
-  ``embed_tokens.weight``. Config: a Llama config with ``num_hidden_layers: 1``,
+  ``embed_tokens.weight``. Config: a Llama config with ``num_hidden_layers: 1``
+  (several: below),
   ``draft_vocab_size``, optional ``target_hidden_size`` and
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` (output convention).
 - **several layers** (speculators / vLLM, ``num_hidden_layers`` > 1): ``layers.0.*`` is the

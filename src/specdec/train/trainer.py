@@ -471,11 +471,10 @@ def train_eagle3(
     counts = token_counts(run_setup.train_data, target.info.vocab_size, prompt_weight=cfg.prompt_weight)
     if run_setup.state is not None:
         head = load_eagle3(run_setup.checkpoint, device="cpu", dtype=torch.float32)
-        if head.config.draft_vocab_size != cfg.draft_vocab_size:
-            raise ValueError(
-                f"{run_setup.checkpoint} has draft_vocab_size={head.config.draft_vocab_size}, the config asks for "
-                f"{cfg.draft_vocab_size}"
-            )
+        for name, have, want in (("draft_vocab_size", head.config.draft_vocab_size, cfg.draft_vocab_size),
+                                 ("draft_layers", head.config.num_layers, cfg.draft_layers)):
+            if have != want:
+                raise ValueError(f"{run_setup.checkpoint} has {name}={have}, the config asks for {want}")
     elif cfg.init_head is not None:
         head = load_init_eagle3(target, cfg)
     else:
