@@ -181,9 +181,7 @@ def test_reset_slot_gives_root_only_trees_until_the_next_prefill_and_reuse_is_cl
 def dense_path_logits(head, embed, next_tokens, hidden, path):
     """Reference: draft logits [Vd] after the prompt rows and then one row per token of `path`
     (target ids), with plain causal SDPA over every key so far (no paging, no tree masks)."""
-    scale = head.config.head_dim**-0.5
-    layers = head.config.num_layers  # each layer keeps its own keys
-    attend = growing_sdpa(scale) if layers == 1 else [growing_sdpa(scale) for _ in range(layers)]
+    attend = [growing_sdpa(head.config.head_dim**-0.5) for _ in range(head.config.num_layers)]  # each layer's own keys
     L = next_tokens.shape[0]
     out, logits = head(embed(next_tokens[None]), hidden[None], torch.arange(L)[None], attend, first_step=True)
     h, last = out[:, -1:], logits[0, -1]

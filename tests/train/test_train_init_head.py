@@ -141,6 +141,12 @@ def test_an_mtp_warm_start_begins_at_the_saved_head(train_target, data, tmp_path
         torch.testing.assert_close(warm.head.state_dict()[key].cpu(), value.cpu(), rtol=0, atol=1e-6, msg=key)
 
 
+def test_mtp_training_refuses_more_draft_layers(train_target, data, tmp_path):
+    with pytest.raises(ValueError, match=r"draft_layers=2 is out of range for an MTP head; allowed: 1"):
+        train_mtp(train_target, data, TrainConfig(max_steps=1, draft_layers=2, ttt_steps=2, batch_tokens=512),
+                  work_dir=tmp_path, progress=False)
+
+
 def test_the_command_line_names_a_missing_init_head(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"--init-head .*nohead: no head there"):
         main(["eagle3", "--target", "smollm2", "--out", str(tmp_path / "o"), "--init-head", str(tmp_path / "nohead")])

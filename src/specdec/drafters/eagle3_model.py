@@ -253,8 +253,8 @@ class Eagle3Model(nn.Module):
         return out, self._head(normed if logits_rows is None else take_rows(normed, logits_rows))
 
     def layer_attends(self, attend) -> tuple[Attend, ...]:
-        """One ``attend`` per layer: `attend` itself for a single-layer head, else the sequence
-        given, checked to hold one per layer (a single callback would mix the layers' K/V)."""
+        """One ``attend`` per layer: a single callback for a single-layer head, or a sequence
+        of one per layer, checked (a single callback for several layers would mix their K/V)."""
         n = self.config.num_layers
         if callable(attend):
             if n != 1:

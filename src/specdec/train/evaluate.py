@@ -12,7 +12,7 @@ one column per category present.
 
 Where a head fails, per category: ``depth_acceptance`` holds, for each drafted setup, the
 conditional acceptance p_d = P(depth d accepted | depth d - 1 accepted) over every step of the
-category's prompts, and the share of steps that accepted nothing (`format_depth_table`). A
+category's prompts (`format_depth_table`; 1 - p_1 is the share of steps that accepted nothing). A
 head whose p_1 is low fails at its own first prediction (capacity, data); one whose later p_d
 fall fails as its drafts feed on themselves (the unroll).
 """
@@ -72,12 +72,11 @@ def conditional_acceptance(accepted: list[int], depth: int) -> list[float]:
 
 
 def _depth_rows(accepted: list[list[int]], cats: list[str], depth: int) -> dict:
-    """Per category (and "all"): steps, p_1..p_depth, share of steps accepting nothing."""
+    """Per category (and "all"): steps and p_1..p_depth."""
     out = {}
     for cat in ["all"] + _category_order(cats):
         steps = [a for i, seq in enumerate(accepted) if cat in ("all", cats[i]) for a in seq]
-        out[cat] = {"steps": len(steps), "p": conditional_acceptance(steps, depth),
-                    "none": sum(1 for a in steps if a == 0) / len(steps) if steps else float("nan")}
+        out[cat] = {"steps": len(steps), "p": conditional_acceptance(steps, depth)}
     return out
 
 
@@ -135,8 +134,8 @@ def evaluate_head(
         one dict per setup: name, prompts, tau, tau_code, tau_chat, tau_by_category (category ->
         tau, `categories.category_of`), new_tokens, seconds, tokens_per_s, same_as_target (share
         of outputs equal to target-only's, when run), depth_acceptance (drafted setups: "all"
-        and each category -> steps, p [p_1..p_D] conditional acceptance, none: share of steps
-        accepting nothing; None for target-only), batch_size, dtype.
+        and each category -> steps, p [p_1..p_D] conditional acceptance; None for
+        target-only), batch_size, dtype.
     """
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
@@ -166,7 +165,7 @@ def evaluate_head(
         dec = SpecDecoder.from_pretrained(target, draft, config)
         if warmup:  # Triton compilation and allocator warm-up stay out of the timing
             dec.generate([ids[0]], dataclasses.replace(sampling, max_new_tokens=min(8, max_new_tokens)))
-        outputs, steps, accepted, seconds = [], [], [], 0.0
+        outputs, accepted, seconds = [], [], 0.0  # accepted: each request's draft tokens accepted per step
         for start in range(0, len(ids), config.cache.max_batch_size):
             chunk = ids[start : start + config.cache.max_batch_size]
             _sync(device)
@@ -175,14 +174,13 @@ def evaluate_head(
             _sync(device)
             seconds += time.perf_counter() - t0
             outputs += [r.token_ids for r in results]
-            steps += [r.stats.steps for r in results]
             accepted += [list(r.stats.accepted_per_step) for r in results]
             if progress:
                 print(f"  [{name}] {min(start + len(chunk), len(ids))}/{len(ids)} prompts", flush=True)
         del dec
 
         def tau(sel) -> float:
-            s = sum(steps[i] for i in sel)
+            s = sum(len(accepted[i]) for i in sel)  # steps
             return sum(len(outputs[i]) - 1 for i in sel) / s if s else float("nan")
 
         everything = range(len(ids))
@@ -251,12 +249,12 @@ def format_depth_table(rows: list[dict]) -> str:
     if not drafted:
         return ""
     depth = max(len(v["p"]) for r in drafted for v in r["depth_acceptance"].values())
-    lines = ["| setup | category | steps | " + "".join(f"p{d} | " for d in range(1, depth + 1))
-             + "steps accepting nothing |", "|" + "---|" * (4 + depth)]
+    lines = ["| setup | category | steps | " + "".join(f"p{d} | " for d in range(1, depth + 1)),
+             "|" + "---|" * (3 + depth)]
     for r in drafted:
         for cat, v in r["depth_acceptance"].items():
             ps = [format(p, ".2f") if p == p else "-" for p in v["p"]] + ["-"] * (depth - len(v["p"]))
-            none = format(v["none"], ".0%") if v["none"] == v["none"] else "-"
-            lines.append(f"| {r['name']} | {cat} | {v['steps']} | " + "".join(f"{p} | " for p in ps) + f"{none} |")
-    lines += ["", "p_d = P(depth d accepted | depth d - 1 accepted) over every step of the category's prompts"]
+            lines.append(f"| {r['name']} | {cat} | {v['steps']} | " + "".join(f"{p} | " for p in ps))
+    lines += ["", "p_d = P(depth d accepted | depth d - 1 accepted) over every step of the category's prompts; "
+                  "1 - p1 of its steps accepted nothing"]
     return "\n".join(lines)

@@ -94,6 +94,8 @@ def train_mtp(
         `TrainResult` with the trained `MTPModel` (float32, on the target's device); coverage is 1.0
         with the loss over the full vocabulary, else the draft vocabulary's.
     """
+    if cfg.draft_layers != 1:  # the field is EAGLE-3's; an MTP head is one module
+        raise ValueError(f"TrainConfig.draft_layers={cfg.draft_layers} is out of range for an MTP head; allowed: 1")
     vocab = mtp_draft_vocab(target, data, cfg) if cfg.mtp_loss_vocab == "draft" else None
     run_setup = prepare_run(target, data, cfg, work_dir=work_dir, log_path=log_path, resume=resume, val_data=val_data)
     if run_setup.state is not None:

@@ -225,8 +225,7 @@ def ttt_unroll(
     in_vocab = head.t2d[teacher_argmax]  # [B, T] target argmax is a draft token
     teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, Vd]
     base = torch.arange(T, device=tokens.device)[None].expand(B, T)
-    layers = head.config.num_layers  # each draft layer grows its own keys
-    attend = growing_attend(attention, scale) if layers == 1 else [growing_attend(attention, scale) for _ in range(layers)]
+    attend = [growing_attend(attention, scale) for _ in range(head.config.num_layers)]  # each layer grows its own keys
     hidden = captured
     acc = UnrollLoss(captured, step_weight)
     for k in range(steps):
