@@ -9,10 +9,13 @@ and whose accepted lengths come from traces: each request's accepted length per 
 always-speculating EAGLE-3 chain D=5 on SmolLM2 (`--record`, fp32 on the CPU, greedy, 128
 tokens, shipped in `examples/data/`: the 20 held-out prompts and 8 per category), or zeros
 for a head that is never right (8b-none). The rule first serves a short warm-up pass of the
-same requests (8 tokens each, like `bench_batch.py`'s warm-up), then the timed pass. What
-this leaves out: prefill and admission, buckets below the batch (one bucket's step times for
-the whole run, so a half-empty tail costs a full step) and the acceptance of a step right
-after a plain one (a trace entry is consumed per speculative step).
+same requests (8 tokens each, like `bench_batch.py`'s warm-up), then the timed pass. Each
+step runs in the smallest measured bucket (1, 4, 16, 64) that holds the running requests, so a
+run's tail, when fewer requests are left than the batch, costs a smaller batch's step (the
+engine's captured graphs come in more sizes: 1, 2, 4, ...; the replay has times for four).
+`--one-bucket` prices every step at the batch's bucket instead (the replay before 2026-12-05).
+What this leaves out: prefill and admission, and the acceptance of a step right after a plain
+one (a trace entry is consumed per speculative step).
 
     python examples/bench_rule_replay.py                          # every preset, the shipped traces
     python examples/bench_rule_replay.py --record examples/data/acceptance_smollm2_e3_heldout.jsonl --prompts heldout:20
@@ -49,6 +52,14 @@ MS = {
     ("8b-none", 64): (15.253, 6.838, 6.241, 6.341),
 }
 PRESETS = {key: StepTimes(*(ms / 1e3 for ms in v)) for key, v in MS.items()}
+
+
+def bucket_times(target: str, batch: int, one_bucket: bool) -> StepTimes | dict[int, StepTimes]:
+    """The step times a replay at `batch` runs on: every measured bucket up to the batch's (a
+    run's tail steps in smaller ones), or the batch's alone."""
+    if one_bucket:
+        return PRESETS[(target, batch)]
+    return {b: t for (name, b), t in PRESETS.items() if name == target and b <= batch}
 
 
 def load_traces(paths: list[Path]) -> list[list[int]]:
@@ -118,13 +129,16 @@ def main() -> None:
     p.add_argument("--record", type=Path, metavar="OUT", help="record a trace file instead (needs the SmolLM2 GGUF)")
     p.add_argument("--prompts", default="heldout:20", help="for --record: heldout:N or categories:N (per category)")
     p.add_argument("--new-tokens", type=int, default=None, help="per request (default: 128 smollm2, 64 8b-none)")
+    p.add_argument("--one-bucket", action="store_true",
+                   help="price every step at the batch's bucket (a run's tail included), as the replay did before")
     args = p.parse_args()
     if args.record:
         record(args.record, args.prompts, args.new_tokens or 128)
         return
     smollm2 = load_traces(TRACES["smollm2"])
     rows = []
-    for (target, batch), times in PRESETS.items():
+    for target, batch in PRESETS:
+        times = bucket_times(target, batch, args.one_bucket)
         traces = smollm2 if target == "smollm2" else [[0] * 256]
         new_tokens = args.new_tokens or (128 if target == "smollm2" else 64)
         requests = max(len(traces), 2 * batch, 16)

@@ -15,10 +15,16 @@ recorded; for a never-accepting head, a trace of zeros, the replay is exact).
 
     run = replay(traces, StepTimes(spec=1.9e-3, plain=1.1e-3, deferred=1.05e-3), batch=1, new_tokens=128)
     run.tokens_per_second / replay(..., policy="never").tokens_per_second
+
+Step times of one bucket price every step at that bucket's cost; step times per bucket
+(`{1: StepTimes(...), 4: ..., 16: ..., 64: ...}`) run each step in the smallest bucket that
+holds the running requests, as the engine's captured graphs do, so the tail of a run, when
+fewer requests are left than the batch, costs what a smaller batch costs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance
@@ -71,19 +77,40 @@ class ReplayRun:
         return self.tokens / self.seconds
 
 
-def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens: int, depth: int = 5,
-           policy: str = "adaptive", requests: int | None = None, rule: AdaptiveRule | None = None) -> ReplayRun:
+def _buckets(times: StepTimes | Mapping[int, StepTimes], batch: int) -> dict[int, StepTimes]:
+    """{bucket: step times}, ascending, up to the first bucket that holds `batch`."""
+    if isinstance(times, StepTimes):
+        return {batch: times}
+    if not times or any(not (isinstance(b, int) and b >= 1) for b in times):
+        raise ValueError(f"step times per bucket need int bucket sizes >= 1; got {list(times)}")
+    if any(not isinstance(t, StepTimes) for t in times.values()):
+        raise ValueError("step times per bucket must be StepTimes")
+    if max(times) < batch:
+        raise ValueError(f"batch={batch} exceeds the largest bucket with step times ({max(times)}); "
+                         f"buckets: {sorted(times)}")
+    top = min(b for b in times if b >= batch)
+    return {b: times[b] for b in sorted(times) if b <= top}
+
+
+def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], *, batch: int, new_tokens: int,
+           depth: int = 5, policy: str = "adaptive", requests: int | None = None,
+           rule: AdaptiveRule | None = None) -> ReplayRun:
     """Serve `requests` requests (default one per trace; trace i % len(traces) for request i),
     `new_tokens` each, `batch` at a time (a finished request's slot refills at once), one chain
     drafter of `depth`. `policy`: "adaptive" (the rule), "always" or "never" (speculate on every
     step, or on none: the plain steps), or "no-drafter" (a target-only engine: one token per
-    request per step of `times.target_only` seconds).
+    request per step of `times.target_only` seconds). `times`: one bucket's step times for every
+    step, or step times per bucket (each step in the smallest bucket >= the running requests;
+    the buckets must reach `batch`).
     `rule`: an adaptive rule to go on with (e.g. `ReplayRun.rule` of a warm-up replay, as the
     engine's rule has seen its warm-up requests before a timed run); default a fresh one."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}; allowed: {POLICIES}")
-    if policy == "no-drafter" and times.target_only is None:
-        raise ValueError("policy='no-drafter' needs StepTimes.target_only")
+    if batch < 1:
+        raise ValueError(f"batch={batch} must be >= 1")
+    buckets = _buckets(times, batch)
+    if policy == "no-drafter" and any(t.target_only is None for t in buckets.values()):
+        raise ValueError("policy='no-drafter' needs StepTimes.target_only (in every bucket)")
     if not traces or any(not t for t in traces):
         raise ValueError("every trace needs at least one accepted length")
     if any(not 0 <= a <= depth for t in traces for a in t):
@@ -97,16 +124,18 @@ def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens:
         rule = AdaptiveRule(depth, chain=True, full_budget=depth)
     elif rule.max_depth != depth:
         raise ValueError(f"the rule drafts to depth {rule.max_depth}, the replay to depth={depth}")
-    for variant in (SPECULATIVE, PLAIN, DEFERRED):  # warm-up times: the planted ones
-        rule.costs.record(batch, variant, [times.of(variant)])
+    for bucket, bucket_times in buckets.items():  # warm-up times: the planted ones
+        for variant in (SPECULATIVE, PLAIN, DEFERRED):
+            rule.costs.record(bucket, variant, [bucket_times.of(variant)])
     run, running = ReplayRun(rule=rule if policy == "adaptive" else None), []
     while queue or running:
         while queue and len(running) < batch:
             running.append(queue.pop())
+        bucket = next(b for b in buckets if b >= len(running))  # the smallest graph that holds them
         can_defer = all(r.path is not None and r.path + 1 <= depth for r in running)
         plain = DEFERRED if can_defer else PLAIN
         if policy == "adaptive":
-            speculative = rule.choose(batch, running, plain)
+            speculative = rule.choose(bucket, running, plain)
             run.probes += rule.last.probe
             rule.fold()  # the engine folds the last step's acceptance right after the launch
         else:
@@ -127,12 +156,13 @@ def replay(traces: list[list[int]], times: StepTimes, *, batch: int, new_tokens:
             out = min(a + 1, r.left)
             r.left -= out
             emitted += out
-        seconds = times.target_only if policy == "no-drafter" else times.of(variant)
+        step = buckets[bucket]
+        seconds = step.target_only if policy == "no-drafter" else step.of(variant)
         run.tokens += emitted
         run.seconds += seconds
         run.steps[variant] += 1
         if policy == "adaptive":
-            rule.measured(batch, variant, emitted, seconds)
+            rule.measured(bucket, variant, emitted, seconds)
             rule.observe_later(observed, lengths, idle=idle)
         running = [r for r in running if r.left > 0]
     return run
