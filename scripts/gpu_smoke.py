@@ -13,6 +13,7 @@ warm-up. Writes a JSON summary (`--out`) and prints a table; exit status 1 on an
 
     python scripts/gpu_smoke.py --out $OUT/smoke.json     # on the H200 (scripts/gpu_check.sh)
     python scripts/gpu_smoke.py --quick                   # CPU: tiny random target and heads
+    python scripts/gpu_smoke.py --dtypes float32 --only tree   # target-only and the trees alone
 """
 
 from __future__ import annotations
@@ -78,6 +79,17 @@ def prompt_ids(target, n: int, quick: bool) -> list[list[int]]:
     return random_ids(target.info.vocab_size, n) if quick else heldout_ids(target, n)
 
 
+def chosen_setups(only: list[str] | None) -> list[str]:
+    """target-only (every other setup is compared with it), then the setups whose name holds one
+    of `only` (case-insensitive; all of them when None). A word that names none is an error."""
+    if only is None:
+        return list(SETUPS)
+    unmatched = [w for w in only if not any(w.lower() in name.lower() for name in SETUPS)]
+    if unmatched:
+        raise SystemExit(f"--only {' '.join(unmatched)}: names no setup; setups: {', '.join(SETUPS)}")
+    return ["target-only"] + [n for n in SETUPS if n != "target-only" and any(w.lower() in n.lower() for w in only)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="CPU, tiny random target and heads")
@@ -85,7 +97,10 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--out", default=None)
+    p.add_argument("--only", nargs="+", default=None, metavar="WORD",
+                   help="run target-only and the setups whose name holds a WORD (e.g. tree, mtp, 'eagle3 chain')")
     args = p.parse_args()
+    names = chosen_setups(args.only)
     device = "cpu" if args.quick or not torch.cuda.is_available() else "cuda"
     if device == "cpu":
         torch.set_num_threads(1)
@@ -97,7 +112,7 @@ def main() -> int:
         prompts = prompt_ids(target, args.prompts, args.quick)
         max_seq_len = max(map(len, prompts)) + args.new_tokens + 64
         base = None
-        for name in SETUPS:
+        for name in names:
             try:
                 row = run_setup(name, target, heads, prompts, args.new_tokens, max_seq_len)
             except Exception as err:  # noqa: BLE001 - a failed setup is a row, the others still run
