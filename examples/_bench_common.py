@@ -443,6 +443,15 @@ def kernel_times(events) -> dict[str, tuple[float, int]]:
     return out
 
 
+def kernel_table(times: dict[str, tuple[float, int]], steps: int) -> dict[str, list[float]]:
+    """Every kernel of a profile (`kernel_times` over `steps` steps): name -> [device ms per step,
+    launches per step], the dearest first (JSON-ready: the record beside a kernels/step count)."""
+    if steps <= 0:
+        raise ValueError(f"steps={steps} must be >= 1")
+    return {name: [round(us / 1e3 / steps, 5), round(n / steps, 3)]
+            for name, (us, n) in sorted(times.items(), key=lambda kv: -kv[1][0])}
+
+
 def log_kernel_times(label: str, times: dict[str, tuple[float, int]], steps: int, rows: int = 12) -> None:
     """Log the top kernels of a profile (`kernel_times`): device ms and launches per step."""
     if not times or steps <= 0:
@@ -455,14 +464,17 @@ def log_kernel_times(label: str, times: dict[str, tuple[float, int]], steps: int
 
 
 def kernels_per_step(decoder, prompts: list[list[int]], *, max_new_tokens: int, steps: int = 4,
-                     warm_steps: int = 2, kernel_label: str | None = None) -> tuple[float | None, str]:
+                     warm_steps: int = 2, kernel_label: str | None = None,
+                     table: dict | None = None) -> tuple[float | None, str]:
     """CUDA kernels launched per steady-state step of `decoder`, batch len(prompts): (count, how).
 
     Submits `prompts` (greedy, `max_new_tokens` each, EOS ignored), runs the engine until all
     are prefilled and running plus `warm_steps` steps, then profiles up to `steps`
     `engine.step()` calls with torch.profiler (CUPTI) and counts the kernel records per step
     (memcpys, memsets and syncs are not kernels), and logs the top kernels by device time per
-    step (`KTIME` lines, `kernel_label` names the row); the requests are aborted afterwards and the
+    step (`KTIME` lines, `kernel_label` names the row; `table`, when given, receives every
+    kernel: name -> [device ms per step, launches per step], for the JSON record beside the
+    count, where the top-12 log lines leave the small ones out); the requests are aborted afterwards and the
     decoder is idle again. Its observers see those steps; call it after the timed runs (the
     profiler can leave CUPTI attached, which may slow the CUDA work that follows).
 
@@ -508,6 +520,8 @@ def kernels_per_step(decoder, prompts: list[list[int]], *, max_new_tokens: int, 
         if not done:
             raise RuntimeError(f"no step left to profile: max_new_tokens={max_new_tokens} ran out in warm-up")
         log_kernel_times(f"{kernel_label or 'step'} ({how})", times, done)
+        if table is not None:
+            table.update(kernel_table(times, done))
         return kernels / done, f"{how}, {done} steps"
     except Exception as err:  # a count is a nicety: never cost the benchmark its rows
         first = (str(err).splitlines() or [""])[0][:200]

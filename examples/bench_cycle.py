@@ -38,7 +38,8 @@ With several `--compile` values every setup runs under each, side by side in one
 is taken against the first value's target-only step.
 
 With --out, a "row" JSON line is written as each row is timed, then a "kernels" line per row
-(key, name, context, kernels_per_step, kernels_how) once the kernels are counted.
+(key, name, context, kernels_per_step, kernels_how, and kernels: every kernel name -> [device ms,
+launches] per step) once the kernels are counted.
 """
 
 from __future__ import annotations
@@ -286,11 +287,12 @@ def main() -> None:
         log(f"counting kernels per step ({args.kernel_steps} steps per row; after all timing: the profiler may slow "
             "what follows it)")
         for row, dec in kept:
+            table: dict = {}
             row["kernels_per_step"], row["kernels_how"] = kernels_per_step(
                 dec, [prompts[row["context"]]], max_new_tokens=steps + 1, steps=args.kernel_steps,
-                kernel_label=f"{row['name']} context {row['context']}")
+                kernel_label=f"{row['name']} context {row['context']}", table=table)
             out.write(dict(kind="kernels", key=row["key"], name=row["name"], context=row["context"],
-                           kernels_per_step=row["kernels_per_step"], kernels_how=row["kernels_how"]))
+                           kernels_per_step=row["kernels_per_step"], kernels_how=row["kernels_how"], kernels=table))
             log(f"KERNELS context {row['context']} | {row['name']} | {fmt_count(row['kernels_per_step'])} kernels/step "
                 f"({row['kernels_how']})")
         kept.clear()

@@ -299,11 +299,12 @@ def count_kernels_after_timing(kept, prompts, new_tokens, args, out) -> None:
     for rows, dec in kept:
         for r in rows:
             batch = [prompts[i % len(prompts)] for i in range(r["batch"])]
+            table: dict = {}
             r["kernels_per_step"], r["kernels_how"] = kernels_per_step(
                 dec, batch, max_new_tokens=new_tokens, steps=args.kernel_steps,
-                kernel_label=f"{r['name']} batch {r['batch']}")
+                kernel_label=f"{r['name']} batch {r['batch']}", table=table)
             out.write(dict(kind="kernels", key=r["key"], name=r["name"], batch=r["batch"],
-                           kernels_per_step=r["kernels_per_step"], kernels_how=r["kernels_how"]))
+                           kernels_per_step=r["kernels_per_step"], kernels_how=r["kernels_how"], kernels=table))
             log(f"KERNELS {r['name']} | batch {r['batch']} | {fmt_count(r['kernels_per_step'])} kernels/step "
                 f"({r['kernels_how']})")
 

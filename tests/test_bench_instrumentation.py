@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 from _bench_common import (FilePrompt, PromptFileError, count_kernels, encode_file_prompt,  # noqa: E402
-                           fmt_count, implied_step_cost, read_prompt_file)
+                           fmt_count, implied_step_cost, kernel_table, read_prompt_file)
 
 
 def write(tmp_path: Path, name: str, content) -> Path:
@@ -275,3 +275,14 @@ def test_bench_rule_replay_compares_every_policy_and_the_rule_before():
     assert set(runs) == {"always", "never", "no-drafter", "adaptive", "before"}
     assert {r.tokens for r in runs.values()} == {8 * 16}
     assert (adaptive.EXPLORE_SHARE, adaptive.PRIOR_WEIGHT, adaptive.FADED) == before
+
+
+def test_the_kernel_table_lists_every_kernel_per_step_dearest_first():
+    """bench_e2e / bench_cycle write it beside kernels/step: every kernel, not the log's top 12."""
+    times = {"attn": (640.0, 72), "gemv": (1000.0, 120), "tiny": (3.0, 2)}  # us and launches over 2 steps
+    table = kernel_table(times, 2)
+    assert list(table) == ["gemv", "attn", "tiny"]
+    assert table == {"gemv": [0.5, 60.0], "attn": [0.32, 36.0], "tiny": [0.0015, 1.0]}
+    assert json.loads(json.dumps(table)) == table
+    with pytest.raises(ValueError, match="steps=0"):
+        kernel_table(times, 0)
