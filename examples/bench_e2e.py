@@ -58,6 +58,7 @@ its UTF-8 bytes modulo the vocabulary.
 
     python examples/bench_e2e.py                                  # H200: bf16, batch 1 and 8
     python examples/bench_e2e.py --dtype float32 --out e2e.jsonl  # identical outputs must be n/n
+    python examples/bench_e2e.py --setups target-only eagle3-tree --tree-shapes 7,6,42 6,6,32   # shapes side by side
     python examples/bench_e2e.py --setups target-only hf-compiled --batch-sizes 1
     python examples/bench_e2e.py --prompts my_prompts.json        # any prompt set (format below)
     python examples/bench_e2e.py --quick                          # CPU smoke run, tiny random models
@@ -82,7 +83,9 @@ from _bench_common import (JsonLines, PromptFileError, SpecDecoder, TimedRegion,
                            warm_up)
 
 from specdec import SamplingParams, SpecConfig
+from specdec.errors import ConfigError
 from specdec.models import load_target, smollm2_gguf_path
+from specdec.policies import shapes
 from specdec.train.prompts import encode_prompt, frozen_heldout_prompts
 
 
@@ -120,6 +123,28 @@ RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "eagle
              "eagle3-tree-baseline", "target-only-combo", "eagle3-chain-combo", "eagle3-tree-combo", "mtp-chain",
              "ngram-chain", "hf-eager", "hf-prompt-lookup")
 TABLE_ORDER = tuple(k for k in RUN_ORDER if k in SPEC_SETUPS) + HF_SETUPS
+
+
+def add_tree_shape(text: str) -> str:
+    """`--tree-shapes D,K,N`: an EAGLE-3 dynamic tree of depth D, top-K per node and N draft
+    tokens as one more setup (key `eagle3-tree-D-K-N`, run after the named setups and listed
+    after the specdec rows), so shapes are timed side by side with the default one. The shape
+    is checked as SpecConfig checks it (its error names the allowed range)."""
+    global TABLE_ORDER
+    try:
+        depth, topk, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--tree-shapes: {text!r} is not D,K,N (e.g. 7,6,42)") from None
+    config = SpecConfig(drafter="eagle3", tree="dynamic", max_draft_len=depth, topk=topk, max_total_draft_tokens=total)
+    try:
+        shapes.builtin(config, samples=False)  # the tree policy's own range checks (the budget in [D, D*K])
+    except ConfigError as err:
+        raise SystemExit(f"--tree-shapes {text}: {err}") from None
+    key = f"eagle3-tree-{depth}-{topk}-{total}"
+    SPEC_SETUPS[key] = SpecSetup(f"specdec eagle3 tree D={depth} K={topk} N={total}", config, "eagle3")
+    if key not in TABLE_ORDER:
+        TABLE_ORDER = tuple(k for k in TABLE_ORDER if k not in HF_SETUPS) + (key,) + HF_SETUPS
+    return key
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -149,6 +174,8 @@ def parse_args():
                    help="another EAGLE-3 head for SmolLM2 (e.g. the shipped one before a retraining): its chain and "
                         "tree rows run beside the shipped head's (setups eagle3-*-baseline, on by default with it)")
     p.add_argument("--out", default=None, help="also write every row as a JSON line to this file")
+    p.add_argument("--tree-shapes", nargs="+", default=[], metavar="D,K,N",
+                   help="more EAGLE-3 dynamic trees (depth, top-k, draft tokens), timed after the setups named")
     args = p.parse_args()
     baseline = ("eagle3-chain-baseline", "eagle3-tree-baseline")
     if args.setups is None:
@@ -161,6 +188,7 @@ def parse_args():
         p.error("--baseline-eagle3 is for the SmolLM2 run; --quick builds random heads")
     elif not (Path(args.baseline_eagle3) / "config.json").is_file():
         p.error(f"--baseline-eagle3 {args.baseline_eagle3}: no config.json there (an EAGLE-3 head folder)")
+    args.setups = list(args.setups) + [k for k in map(add_tree_shape, args.tree_shapes) if k not in args.setups]
     return args
 
 
@@ -476,7 +504,7 @@ def main() -> None:
     if quick:
         torch.set_num_threads(1)  # tiny matmuls: more threads only contend on a shared box
     hf_compile = args.hf_compile == "on" or (args.hf_compile == "auto" and not (quick and device.type == "cpu"))
-    setups = [k for k in RUN_ORDER if k in args.setups]
+    setups = [k for k in RUN_ORDER if k in args.setups] + [k for k in args.setups if k not in RUN_ORDER]
 
     tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
     target_path, heads = tiny_assets(Path(tmp.name)) if quick else smollm2_assets()

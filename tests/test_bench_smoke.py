@@ -1,6 +1,7 @@
 """The benchmarks' CPU smoke runs finish and print their tables (the GPU runs are what they are
 for; this keeps the scripts from rotting between GPU sessions): bench_cycle with two compile
-modes side by side, bench_attention with two Triton launch configs side by side, bench_batch with its prefill split.
+modes side by side, bench_attention with two Triton launch configs side by side, bench_batch with its prefill split,
+bench_e2e with a tree shape of the command line beside target-only.
 `--quick` runs on the CPU (Triton interpreted) wherever it is, so on a CUDA machine (the GPU
 property suite's tools part) these only repeat CI's runs, slower beside the GPU workers
 (bench_cycle's alone took 217 s there): they run where there is no CUDA device."""
@@ -73,3 +74,17 @@ def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tm
     assert "steps per bucket: 1 " in text
     assert "a step's host timeline per bucket, us (before_launch / launch / beside_device / wait / after_handoff): 1 " in text
     assert "target prompt forwards by chunks x longest chunk: 1x" in text
+
+
+def test_bench_e2e_times_a_tree_shape_given_on_the_command_line():
+    """`--tree-shapes D,K,N` adds an EAGLE-3 dynamic tree of that shape as a row (exact in float32:
+    its output equals target-only's); a shape out of the policy's range is refused with it."""
+    out = _run("bench_e2e.py", "--quick", "--setups", "target-only", "--tree-shapes", "3,2,4", "--batch-sizes", "1",
+               "--num-prompts", "2", "--new-tokens", "6")
+    row = next(line for line in out.splitlines() if line.startswith("| specdec eagle3 tree D=3 K=2 N=4 |"))
+    assert row.rstrip().endswith("| 2/2 prompts |"), row
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    bad = subprocess.run([sys.executable, "bench_e2e.py", "--quick", "--tree-shapes", "3,2,7"], cwd=EXAMPLES, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0
+    assert "--tree-shapes 3,2,7: max_total_draft_tokens=7 is out of range; allowed: [3, 6]" in bad.stderr
