@@ -122,15 +122,14 @@ HF_SETUPS = ("hf-eager", "hf-compiled", "hf-prompt-lookup")
 RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "eagle3-chain-baseline",
              "eagle3-tree-baseline", "target-only-combo", "eagle3-chain-combo", "eagle3-tree-combo", "mtp-chain",
              "ngram-chain", "hf-eager", "hf-prompt-lookup")
-TABLE_ORDER = tuple(k for k in RUN_ORDER if k in SPEC_SETUPS) + HF_SETUPS
+PROMPT_LOOKUP_TOKENS = 10
 
 
 def add_tree_shape(text: str) -> str:
     """`--tree-shapes D,K,N`: an EAGLE-3 dynamic tree of depth D, top-K per node and N draft
     tokens as one more setup (key `eagle3-tree-D-K-N`, run after the named setups and listed
     after the specdec rows), so shapes are timed side by side with the default one. The shape
-    is checked as SpecConfig checks it (its error names the allowed range)."""
-    global TABLE_ORDER
+    is checked by the tree policy itself (its error names the allowed range)."""
     try:
         depth, topk, total = (int(x) for x in text.split(","))
     except ValueError:
@@ -142,10 +141,14 @@ def add_tree_shape(text: str) -> str:
         raise SystemExit(f"--tree-shapes {text}: {err}") from None
     key = f"eagle3-tree-{depth}-{topk}-{total}"
     SPEC_SETUPS[key] = SpecSetup(f"specdec eagle3 tree D={depth} K={topk} N={total}", config, "eagle3")
-    if key not in TABLE_ORDER:
-        TABLE_ORDER = tuple(k for k in TABLE_ORDER if k not in HF_SETUPS) + (key,) + HF_SETUPS
     return key
-PROMPT_LOOKUP_TOKENS = 10
+
+
+def table_rank(key: str) -> int:
+    """Where a setup's rows stand in the table: specdec rows in run order, then the added tree
+    shapes in the order given, then transformers' rows."""
+    spec = [k for k in RUN_ORDER if k in SPEC_SETUPS] + [k for k in SPEC_SETUPS if k not in RUN_ORDER]
+    return (spec + list(HF_SETUPS)).index(key)
 
 
 def parse_args():
@@ -472,7 +475,7 @@ def fill_comparisons(rows: list[dict]) -> None:
 def table(rows: list[dict]) -> str:
     cols = ["setup", "batch", "tok/s", "kernels/step", "R", "tau", "prefill ms/call", "ms/step", "step R",
             "vs specdec target-only", "vs transformers compiled", "identical to target-only"]
-    order = sorted(rows, key=lambda r: (r["batch"], TABLE_ORDER.index(r["key"])))
+    order = sorted(rows, key=lambda r: (r["batch"], table_rank(r["key"])))
     cells = [[
         r["name"], r["batch"], fmt(r["tok_s"], ".1f"), fmt_count(r.get("kernels_per_step")), fmt(r.get("R")),
         fmt(r["tau"]), fmt(r["prefill_s"] / r["calls"] * 1e3 if r.get("prefill_s") is not None else None, ".1f"),

@@ -106,8 +106,8 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
     engine's rule has seen its warm-up requests before a timed run); default a fresh one."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}; allowed: {POLICIES}")
-    if batch < 1:
-        raise ValueError(f"batch={batch} must be >= 1")
+    if batch < 1 or new_tokens < 1:
+        raise ValueError(f"batch={batch} and new_tokens={new_tokens} must be >= 1")
     buckets = _buckets(times, batch)
     if policy == "no-drafter" and any(t.target_only is None for t in buckets.values()):
         raise ValueError("policy='no-drafter' needs StepTimes.target_only (in every bucket)")
@@ -115,8 +115,6 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
         raise ValueError("every trace needs at least one accepted length")
     if any(not 0 <= a <= depth for t in traces for a in t):
         raise ValueError(f"accepted lengths must lie in [0, depth={depth}]")
-    if batch < 1 or new_tokens < 1:
-        raise ValueError(f"batch={batch} and new_tokens={new_tokens} must be >= 1")
     total = len(traces) if requests is None else requests
     queue = [_Request(traces[i % len(traces)], new_tokens, depth) for i in range(total)]
     queue.reverse()
