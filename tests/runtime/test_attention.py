@@ -111,10 +111,10 @@ def build_tree_step(case):
 # group, splits, tiles), compiled on first use; 500 took 347 s of the 480 s `gpu_props.sh kernels`
 # has, and 150 still took 257 s beside the part's other 7 workers (85a42e3)
 @ci_examples(25, gpu=80)
-@given(tree_cases(), st.sampled_from([None, 1, 16, 40, 128]))
-def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_split_keys):
-    """... at any split count and any fewest keys per split (None: the kernel's choice;
-    40: not a multiple of the 16-key tile)."""
+@given(tree_cases(), st.sampled_from([None, 1, 16, 40, 128]), st.sampled_from([None, 16, 32, 64]))
+def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_split_keys, block_n):
+    """... at any split count, any fewest keys per split (None: the kernel's choice; 40: not a
+    multiple of the 16-key tile) and any key tile on the GPU (the interpreter runs 16)."""
     note(case)
     cache, batch, q = build_tree_step(case)
     scale = case["head_dim"] ** -0.5
@@ -126,7 +126,8 @@ def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_
     with mock.patch.object(tree_attention, "_combine_rows", lambda: case["combine_rows"]), \
             mock.patch.object(tree_attention, "_fixed_config", config):
         out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
-                              num_splits=case["splits"], autotune=False, min_split_keys=min_split_keys)
+                              num_splits=case["splits"], autotune=False, min_split_keys=min_split_keys,
+                              block_n=block_n)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
 
 
@@ -602,3 +603,28 @@ def test_a_bad_fewest_keys_per_split_is_named(bad):
     cache, batch, q = build_tree_step(case)
     with pytest.raises(ValueError, match=f"min_split_keys={bad!r} must be an int >= 1"):
         paged_attention(q, cache, 0, batch, scale=0.25, num_splits=2, min_split_keys=bad)
+
+
+@pytest.mark.parametrize(
+    "rows, head_dim, is_tree, max_kv_len, want",
+    [
+        (49 * 3, 64, True, 640, 16),  # SmolLM2 tree verify (H200: 0.412 vs 0.535 ms at 64 keys, bs 1)
+        (33 * 3, 64, True, 1024, 16),  # a 32-node tree at the largest bound measured near it
+        (49 * 3, 64, True, 2048, 64),  # a longer bound: not measured at hd 64, the 8B finding holds
+        (61 * 4, 128, True, 1024, 64),  # 8B tree verify: 64 wins at batch 8 and at 4k
+        (6 * 3, 64, True, 640, 64),  # a chain verify's 18 rows: a decode tile
+        (3, 64, False, 640, 64),  # SmolLM2 decode (0.210 vs 0.241 ms at 16 keys)
+        (257 * 3, 64, False, 640, 64),  # prefill (causal, no tree mask)
+    ],
+)
+def test_key_tiles_follow_the_tile_the_head_dim_and_the_bound(rows, head_dim, is_tree, max_kv_len, want):
+    assert tree_attention.choose_block_n(rows, head_dim, is_tree, max_kv_len) == want
+
+
+@pytest.mark.parametrize("bad", [0, 8, 48, 256, True, 16.0])
+def test_a_bad_key_tile_is_named(bad):
+    case = dict(batch=1, num_slots=1, parents=[[-1]], num_nodes=[1], committed=[5], block_size=4, kv_heads=1,
+                group=2, head_dim=16, seed=0)
+    cache, batch, q = build_tree_step(case)
+    with pytest.raises(ValueError, match=f"block_n={bad!r} is not allowed; allowed: 16, 32, 64, 128"):
+        paged_attention(q, cache, 0, batch, scale=0.25, num_splits=2, block_n=bad)

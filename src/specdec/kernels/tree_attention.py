@@ -46,17 +46,13 @@ __all__ = ["paged_attention", "paged_attention_triton"]
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _fixed_config() -> dict:
-    """Launch parameters without autotuning (tests: one compile per shape family). Measured on
-    the H200 (`examples/bench_attention.py --triton-configs`, 8B layout, bf16, tree N=61,
-    notes/gpu/issue20/ATTENTION.md): with committed-keys-only tiles scanned first
-    (COMMITTED_FIRST) 64-key tiles are the fastest for the tree verify too (graph ms over 32
-    layers, 16 / 32 / 64 keys: bs 1 ctx 1k 0.74 / 0.83 / 1.00, bs 1 4k 2.24 / 1.96 / 1.82,
-    bs 8 1k 3.23 / 2.99 / 2.98, bs 8 4k 9.49 / 8.06 / 6.87), and for decode and prefill; the
-    single key loop (COMMITTED_FIRST=False) runs the tree 1.4-3x slower."""
+def _fixed_config(block_n: int) -> dict:
+    """Launch parameters without autotuning (tests: one compile per shape family); `block_n`
+    from `choose_block_n`. The interpreter runs 16-key tiles whatever the choice (fewer numpy
+    steps per tile; it checks semantics, not speed)."""
     if _INTERPRET:
         return dict(BLOCK_N=16, COMMITTED_FIRST=True)
-    return dict(BLOCK_N=64, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
+    return dict(BLOCK_N=block_n, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
 
 
 def _combine_rows() -> int:
@@ -325,6 +321,7 @@ if HAS_TRITON:
         window: int,  # <= 0: no window
         num_splits: int,  # key splits, >= 1; static (does not follow the context length)
         min_split_keys: int,  # >= 1: a split scans at least this many keys (short contexts: fewer live splits)
+        block_n: int,  # keys per tile without autotuning: 16, 32, 64 or 128 (`choose_block_n`)
         autotune: bool,
     ) -> torch.Tensor:
         """Attention of `q` over the paged layer `k_rows`/`v_rows`; returns [B, T, H, hd]."""
@@ -359,7 +356,7 @@ if HAS_TRITON:
         if autotune:
             kernel, config = _paged_attention_tuned, {}
         else:
-            kernel, config = _paged_attention_kernel, _fixed_config()
+            kernel, config = _paged_attention_kernel, _fixed_config(block_n)
         wrap_triton(kernel)[grid](
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
@@ -432,20 +429,43 @@ def choose_min_split_keys(rows: int) -> int:
     return 128 if _heavy_tile(rows) else 32
 
 
+BLOCK_NS = (16, 32, 64, 128)  # the key-tile sizes the kernel is built for without autotuning
+
+
+def choose_block_n(rows: int, head_dim: int, is_tree: bool, max_kv_len: int) -> int:
+    """Keys per tile (BLOCK_N) without autotuning: 16 for a tree verify's tiles (>= 32 query
+    rows, a tree mask) at head_dim <= 64 under a key bound of at most 1024, else 64. Static
+    sizes only, like the split count.
+
+    Measured on the H200 (graph ms per forward over all layers, bf16; 16 / 32 / 64-key tiles):
+    - SmolLM2 layout (30 layers, 3 KV heads, hd 64), tree N=49, context 320, bound 640: batch 1
+      0.412 / 0.460 / 0.535, batch 8 0.605 / 0.652 / 0.752; its decode (0.241 / 0.216 / 0.210
+      at batch 1, 0.325 / 0.285 / 0.263 at batch 8) and prefill (0.500 / 0.465 / 0.470) keep
+      64 (`notes/gpu/issue20/attention_smollm2_tiles_dcb5618_h200.log`);
+    - 8B layout (hd 128), tree N=61: batch 1 at 1k 0.74 / 0.83 / 1.00, but at 4k 2.24 / 1.96 /
+      1.82 and at batch 8 3.23 / 2.99 / 2.98 (1k) (`notes/gpu/issue20/ATTENTION.md`), so hd 128
+      keeps 64, and so do longer bounds, which no hd-64 run has measured yet."""
+    if is_tree and _heavy_tile(rows) and head_dim <= 64 and max_kv_len <= 1024:
+        return 16
+    return 64
+
+
 def _check_positive(value, name: str, default: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be an int >= 1 (or None: {default})")
 
 
 def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None, autotune=None,
-                    min_split_keys=None):
+                    min_split_keys=None, block_n=None):
     """`runtime.attention(..., impl="triton")`: see `attention_ref` for the arguments.
 
     `num_splits` forces the number of key splits (tests); None picks it from static sizes
     (`choose_num_splits`). `min_split_keys` forces the fewest keys a split scans (tests,
-    benchmarks); None picks it from the tile (`choose_min_split_keys`). The result does not depend on `batch.max_kv_len` (beyond fp
-    rounding through the split count): each split's key range follows the row's real key
-    count on the device, so there is no host sync and a captured CUDA graph can be replayed
+    benchmarks); None picks it from the tile (`choose_min_split_keys`). `block_n` forces the keys
+    per tile without autotuning (tests; one of `BLOCK_NS`); None picks it (`choose_block_n`).
+    The result does not depend on `batch.max_kv_len` (beyond fp rounding through the split
+    count and the tile size): each split's key range follows the row's real key count on the
+    device, so there is no host sync and a captured CUDA graph can be replayed
     for any context length up to max_kv_len.
     `autotune`: pick BLOCK_N / warps / stages by timing, once per shape family. Default off:
     the key holds the query-row count, so every new prompt-chunk length re-times six configs
@@ -471,6 +491,11 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
     if min_split_keys is None:
         min_split_keys = choose_min_split_keys(rows)
     _check_positive(min_split_keys, "min_split_keys", "chosen from the tile")
+    if block_n is None:
+        block_n = choose_block_n(rows, q.shape[-1], batch.tree_mask is not None, batch.max_kv_len)
+    if type(block_n) is not int or block_n not in BLOCK_NS:
+        raise ValueError(f"block_n={block_n!r} is not allowed; allowed: {', '.join(map(str, BLOCK_NS))} "
+                         "(or None: chosen from the tile)")
     positions = query_positions(batch) if sliding_window is not None else None
     out = paged_attention_triton(
         q,
@@ -488,6 +513,7 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         int(sliding_window or 0),
         num_splits,
         min_split_keys,
+        block_n,
         bool(autotune),
     )
     return out if out.dtype == out_dtype else out.to(out_dtype)
