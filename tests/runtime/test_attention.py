@@ -584,6 +584,9 @@ def test_one_cuda_graph_replays_a_draft_tree_step_for_any_context_length_and_it_
         (64, 8, 4, 4096, 1),  # ... which a 512-program decode grid already meets
         (16, 3, 49 * 3, 512, 1),  # SmolLM2 tree at batch 16: 144 programs of 64-row tiles
         (4, 3, 49 * 3, 512, 4),  # batch 4: 36 programs, split (capped at 512 // 128)
+        (1, 3, 3, 512, 16),  # SmolLM2 decode at batch 1: 3 programs, split down to 32 keys (512 // 32)
+        (1, 8, 4, 1024, 32),  # 8B decode at batch 1 under a 1k bound: the 2-per-SM target, 32 splits of 32 keys
+        (1, 8, 4, 64, 2),  # ... and under a 64-key bound: 2 splits of 32
     ],
 )
 def test_key_splits_follow_the_grid_and_the_tile_size(batch, kv_heads, rows, max_kv_len, want):

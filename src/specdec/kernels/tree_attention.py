@@ -395,7 +395,8 @@ def _heavy_tile(rows: int) -> bool:
 
 def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num_sms: int) -> int:
     """Key splits so that the grid fills the GPU: >= 1, at most 32, and at most
-    max_kv_len // 128 (a split of the longest row has >= 128 keys). `rows`: query rows per
+    max_kv_len // choose_min_split_keys(rows) (a split of the longest row has at least the
+    fewest keys a split scans: 128 for tree and prefill tiles, 32 for decode tiles). `rows`: query rows per
     (request, KV head), i.e. new tokens x heads of the GQA group, cut into `_block_m(rows)`
     tiles. Static sizes only, so one launch (one CUDA graph) serves every context length up
     to max_kv_len.
@@ -405,12 +406,18 @@ def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num
     each split re-reads the tile's queries and adds a combine, and a heavy tile per SM already
     keeps the GPU busy. Measured on the H200 (8B layout, context 256, N = 49, 32 layers):
     batch 8 tree verify, 256 programs, 1.09 ms unsplit vs 1.80 ms at the 2 splits the 2-per-SM
-    target picked; batch 1, 32 programs, 2 splits stay best (0.71 vs 0.78 ms)."""
+    target picked; batch 1, 32 programs, 2 splits stay best (0.71 vs 0.78 ms).
+
+    Decode tiles split down to 32 keys (a 128-key cap for every tile before): on the H200 a
+    batch-1 decode of the 8B layout at context 256 took 0.221 ms at 8 splits of 32 keys against
+    0.337 at the 2 the 128-key cap allowed (`notes/gpu/issue20/ATTENTION.md`), and the SmolLM2
+    layout (3 KV heads, context 320, bound 640) 0.175 ms at 16 splits against 0.208 at 5, at
+    batch 8 0.225 against 0.261 (`attention_smollm2_splits_dcb5618_h200.log`)."""
     programs = batch * kv_heads * -(-rows // _block_m(rows))
     if _heavy_tile(rows) and programs >= num_sms:
         return 1
     want = -(-2 * num_sms // programs)
-    return max(1, min(want, max_kv_len // 128, 32))
+    return max(1, min(want, max_kv_len // choose_min_split_keys(rows), 32))
 
 
 def choose_min_split_keys(rows: int) -> int:
@@ -424,8 +431,9 @@ def choose_min_split_keys(rows: int) -> int:
     2: 0.33). The floor itself measured neutral there (same layout, context 256 under a
     2048-key bound, 16 splits chosen: tree 0.867 vs 0.865 ms with a floor of 1 key, decode
     0.225 both; notes/gpu/issue20/attention_ctx256_max2048_712ced3.log): near-empty splits
-    cost nothing measurable on the 8B layout. Kept as the rule for the bound; the SmolLM2
-    layout (hd 64, 3 KV heads, 9 programs per tree tile row) is not measured yet."""
+    cost nothing measurable on the 8B layout. On the SmolLM2 layout (hd 64, 3 KV heads; tree
+    N=49, context 320, bound 640, batch 1) floors of 32 / 64 / 128 keys measured 0.530 /
+    0.533 / 0.534 ms per forward: neutral too (`attention_smollm2_splits_dcb5618_h200.log`)."""
     return 128 if _heavy_tile(rows) else 32
 
 
