@@ -599,13 +599,18 @@ def test_fewest_keys_per_split_follow_the_tile(rows, want):
     assert tree_attention.choose_min_split_keys(rows) == want
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.0, True])
-def test_a_bad_fewest_keys_per_split_is_named(bad):
+@pytest.mark.parametrize(
+    "name, bad, message",
+    [("min_split_keys", bad, "must be an int >= 1") for bad in (0, -3, 2.0, True)]
+    + [("block_n", bad, "is not allowed; allowed: 16, 32, 64, 128") for bad in (0, 8, 48, 256, True, 16.0)],
+)
+def test_a_bad_launch_parameter_is_named_with_its_range(name, bad, message):
+    """The fewest keys per split and the key tile, forced to a value the kernel cannot take."""
     case = dict(batch=1, num_slots=1, parents=[[-1]], num_nodes=[1], committed=[5], block_size=4, kv_heads=1,
                 group=2, head_dim=16, seed=0)
     cache, batch, q = build_tree_step(case)
-    with pytest.raises(ValueError, match=f"min_split_keys={bad!r} must be an int >= 1"):
-        paged_attention(q, cache, 0, batch, scale=0.25, num_splits=2, min_split_keys=bad)
+    with pytest.raises(ValueError, match=f"{name}={bad!r} {message}"):
+        paged_attention(q, cache, 0, batch, scale=0.25, num_splits=2, **{name: bad})
 
 
 @pytest.mark.parametrize(
@@ -623,11 +628,3 @@ def test_a_bad_fewest_keys_per_split_is_named(bad):
 def test_key_tiles_follow_the_tile_the_head_dim_and_the_bound(rows, head_dim, is_tree, max_kv_len, want):
     assert tree_attention.choose_block_n(rows, head_dim, is_tree, max_kv_len) == want
 
-
-@pytest.mark.parametrize("bad", [0, 8, 48, 256, True, 16.0])
-def test_a_bad_key_tile_is_named(bad):
-    case = dict(batch=1, num_slots=1, parents=[[-1]], num_nodes=[1], committed=[5], block_size=4, kv_heads=1,
-                group=2, head_dim=16, seed=0)
-    cache, batch, q = build_tree_step(case)
-    with pytest.raises(ValueError, match=f"block_n={bad!r} is not allowed; allowed: 16, 32, 64, 128"):
-        paged_attention(q, cache, 0, batch, scale=0.25, num_splits=2, block_n=bad)
