@@ -203,7 +203,8 @@ def attention() -> None:
             tree_attention.paged_attention_triton(
                 torch.empty(B, F, 9, 64, dtype=dtype), k_rows, k_rows, torch.zeros(B, blocks, dtype=I64),
                 torch.arange(B, dtype=I64), torch.zeros(B, dtype=I64), lens[:, 0], (lens + 8)[:, 0],
-                torch.zeros(B, F, 1, dtype=torch.int32), None, block_size, 0.125, 0, 4, 32, 64, False,
+                torch.zeros(B, F, 1, dtype=torch.int32), None, block_size, 0.125, 0, 4, 32,
+                tree_attention.choose_block_n(F * 3, 64, True, blocks * block_size), False,
             )
             print(f"ok attention {dtype} draft depth B={B} F={F} (strided lengths)")
 

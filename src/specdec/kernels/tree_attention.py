@@ -396,9 +396,9 @@ def _heavy_tile(rows: int) -> bool:
 def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num_sms: int) -> int:
     """Key splits so that the grid fills the GPU: >= 1, at most 32, and at most
     max_kv_len // choose_min_split_keys(rows) (a split of the longest row has at least the
-    fewest keys a split scans: 128 for tree and prefill tiles, 32 for decode tiles). `rows`: query rows per
-    (request, KV head), i.e. new tokens x heads of the GQA group, cut into `_block_m(rows)`
-    tiles. Static sizes only, so one launch (one CUDA graph) serves every context length up
+    fewest keys a split scans: 128 for tree and prefill tiles, 32 for decode tiles). `rows`:
+    query rows per (request, KV head), i.e. new tokens x heads of the GQA group, cut into
+    `_block_m(rows)` tiles. Static sizes only, so one launch (one CUDA graph) serves every context length up
     to max_kv_len.
 
     Decode tiles (< 32 query rows per program) aim at 2 programs per SM. Tree and prefill
