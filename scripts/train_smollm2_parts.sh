@@ -3,7 +3,8 @@
 # call of at most ~9 minutes on the GPU machine, back to back (the machine keeps $WORK while
 # warm: 30 s between calls). One command per part:
 #
-#   scripts/train_smollm2_parts.sh data   OUT_DIR   # prompts + bf16 self-distillation, GEN_MINUTES (6)
+#   scripts/train_smollm2_parts.sh data   OUT_DIR   # prompts (PROMPT_MINUTES, 6; exit 3 when that ends them: run
+#                                                    # `data` again, it goes on) + bf16 self-distillation, GEN_MINUTES (6)
 #   scripts/train_smollm2_parts.sh more   OUT_DIR   # optional: answer what `data` left, GEN_MINUTES more
 #   scripts/train_smollm2_parts.sh train  OUT_DIR   # TRAIN_MINUTES (8.5) of a fixed STEPS schedule, checkpointed
 #                                                    # (run it again for a longer schedule)
@@ -11,6 +12,9 @@
 #                                                    # so that the evaluation fits in the call), export, evaluate
 #                                                    # on the per-category held-out set (EVAL_PROMPTS each)
 #   scripts/train_smollm2_parts.sh eval   OUT_DIR   # the finished head on the frozen held-out set (the old one)
+#   scripts/train_smollm2_parts.sh pack-prompts OUT_DIR  # the finished prompts as $OUT/prompts.tgz.NN (the self-written
+#                                                    # ones take an H100 ~7 minutes), for a later session's `data`
+#                                                    # with PROMPTS_FROM=<the carried folder of those pieces>
 #   scripts/train_smollm2_parts.sh pack   OUT_DIR   # OUT_DIR as $OUT/<name>.tgz.00, .01, ...: at most 15 MiB a
 #                                                    # piece (a file over 16 MiB does not come back from the GPU
 #                                                    # machine, and a 16384-row head is ~29 MB); here, unpack with
@@ -25,13 +29,15 @@
 # H200 with 32k-token batches and a 4096-token draft vocabulary; the 16384 default is slower, the
 # record says whether the schedule ended); extra flags go to `python -m specdec.train` after the defaults.
 set -euo pipefail
-stage="${1:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval|pack OUT_DIR [extra flags]}"
-out="${2:?usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval|pack OUT_DIR [extra flags]}"
+usage="usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval|pack|pack-prompts OUT_DIR [extra flags]"
+stage="${1:?$usage}"
+out="${2:?$usage}"
 shift 2
 head="${HEAD:-eagle3}"
 work="${WORK:-/tmp/specdec-train-smollm2-$head}"
 steps="${STEPS:-4000}"
 gen_minutes="${GEN_MINUTES:-6}"
+prompt_minutes="${PROMPT_MINUTES:-6}"
 train_minutes="${TRAIN_MINUTES:-8.5}"
 finish_minutes="${FINISH_MINUTES:-6.5}"
 eval_prompts="${EVAL_PROMPTS:-16}"
@@ -47,8 +53,14 @@ train=(--ttt-steps 7 --batch-tokens 32768 --steps "$steps" --lr 8e-4 --warmup 10
 # multi-turn ones (82% of all; scripts/draft_vocab_coverage.py), and a token outside can never be accepted
 train+=(--draft-vocab-size "${DRAFT_VOCAB:-16384}")  # mtp: the draft_vocab.safetensors beside the head
 run() { python -m specdec.train "$head" --target smollm2 --out "$out" --work "$work" "${data[@]}" "${train[@]}" "$@"; }
+restore_prompts() {  # PROMPTS_FROM: a folder of prompts.tgz.NN pieces from `pack-prompts` (same data flags)
+  if [ -n "${PROMPTS_FROM:-}" ] && [ ! -f "$work/prompts.jsonl" ]; then
+    mkdir -p "$work" && cat "$PROMPTS_FROM"/prompts.tgz.* | tar -xzf - -C "$work"
+    echo "prompts restored from $PROMPTS_FROM into $work"
+  fi
+}
 case "$stage" in
-  data)   run --gen-minutes "$gen_minutes" --data-only "$@" ;;
+  data)   restore_prompts; run --prompt-minutes "$prompt_minutes" --gen-minutes "$gen_minutes" --data-only "$@" ;;
   more)   run --gen-minutes "$gen_minutes" --continue-generation --data-only "$@" ;;
   train)  run --max-minutes "$train_minutes" "$@" ;;
   finish) run --max-minutes "$finish_minutes" --eval --eval-source categories --eval-prompts "$eval_prompts" \
@@ -58,7 +70,11 @@ case "$stage" in
           pieces=$(ls "$dest/$name".tgz.* | wc -l)
           [ "$pieces" -le 8 ] || { echo "$out packs into $pieces pieces; at most 8 files come back from a call" >&2; exit 1; }
           echo "packed $out into $pieces pieces of at most 15 MiB: $dest/$name.tgz.*" ;;
+  pack-prompts) dest="${OUT:?pack-prompts writes its pieces to \$OUT}"
+          [ -f "$work/prompts.jsonl" ] || { echo "$work/prompts.jsonl is not there: run the data stage first" >&2; exit 1; }
+          tar -C "$work" -czf - prompts.jsonl prompts.settings.json | split -b 15M -d - "$dest/prompts.tgz."
+          echo "packed $work/prompts.jsonl into $(ls "$dest"/prompts.tgz.* | wc -l) pieces: $dest/prompts.tgz.*" ;;
   eval)   python -m specdec.train eval --target smollm2 --head "$out" --drafter "$head" --eval-source frozen \
             --eval-batch-size 16 --eval-max-new-tokens 128 --json "$out/eval_frozen.json" "$@" ;;
-  *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval, pack" >&2; exit 2 ;;
+  *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval, pack, pack-prompts" >&2; exit 2 ;;
 esac

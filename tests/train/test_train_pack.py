@@ -40,3 +40,27 @@ def test_pack_needs_out(tmp_path):
     run = subprocess.run(["bash", "scripts/train_smollm2_parts.sh", "pack", str(tmp_path)], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert run.returncode != 0 and "pack writes its pieces to $OUT" in run.stderr
+
+
+def test_pack_prompts_carries_the_finished_prompts_to_a_later_session(tmp_path):
+    """`pack-prompts` puts <work>/prompts.jsonl (+ its settings) in pieces; `data` with
+    PROMPTS_FROM unpacks them into a new work folder the same way (`cat | tar -x`)."""
+    work, out = tmp_path / "work", tmp_path / "OUT"
+    work.mkdir()
+    out.mkdir()
+    lines = "".join(f'{{"kind": "general-chat", "text": "request {i} {os.urandom(8).hex()}"}}\n' for i in range(20000))
+    (work / "prompts.jsonl").write_text(lines)
+    (work / "prompts.settings.json").write_text('{"seed": 1}')
+    env = {**os.environ, "OUT": str(out), "WORK": str(work)}
+    run = subprocess.run(["bash", "scripts/train_smollm2_parts.sh", "pack-prompts", str(tmp_path / "e4")], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["prompts.tgz.00"]
+    later = tmp_path / "later"
+    later.mkdir()
+    subprocess.run(f"cat {out}/prompts.tgz.* | tar -xzf - -C {later}", shell=True, check=True)
+    assert (later / "prompts.jsonl").read_text() == lines and (later / "prompts.settings.json").read_text() == '{"seed": 1}'
+    empty = {**env, "WORK": str(tmp_path / "nothing")}
+    run = subprocess.run(["bash", "scripts/train_smollm2_parts.sh", "pack-prompts", str(tmp_path / "e4")], cwd=ROOT, env=empty,
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "run the data stage first" in run.stderr

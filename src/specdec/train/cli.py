@@ -246,6 +246,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prompt-tokens", type=int, default=384)
     g.add_argument("--gen-batch-size", type=int, default=256)
     g.add_argument("--gen-minutes", type=float, default=None, help="stop starting new generation batches after this")
+    g.add_argument("--prompt-minutes", type=float, default=None,
+                   help="with --data-mix diverse: stop the prompts stage (the target writing self-instruct requests and "
+                        "conversations) after this, keeping its replies in <work>/prompt_replies.jsonl, and exit 3: the "
+                        "same command again goes on from there (default: no limit)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
     g.add_argument("--gen-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="dtype of the target that writes the responses (only that: the training labels come from the "

@@ -16,6 +16,7 @@ replies), so they run with a fake callable in tests and with the real target on 
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Callable
@@ -163,17 +164,22 @@ def build_conversations(generate: Generate, seeds: list[Prompt], *, turns: tuple
 
 def target_generate(target, *, max_new_tokens: int = 128, batch_size: int = 64, temperature: float = 0.0, seed: int = 0,
                     cuda_graph: bool = False, progress: bool = False) -> Generate:
-    """A `Generate` backed by `target` (its chat template, `distill.generate_responses`; greedy by default)."""
+    """A `Generate` backed by `target` (its chat template, `distill.generate_responses`; greedy by default).
+    Call k samples with seed ``seed + k``: a stage that generates in several calls (rounds, the
+    chunks of `reply_cache.cached_generate`) does not draw the same noise in each."""
     from .distill import generate_responses  # here, not at the top: distill imports torch, the prompt tools need none
 
     tok = target.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError("target_generate needs a target whose tokenizer has a chat template")
 
+    calls = itertools.count()
+
     def generate(convs: list[list[dict]]) -> list[str]:
         ids = [encode_messages(c, tok) for c in convs]
         out = generate_responses(target.model, ids, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 eos_token_ids=tuple(target.info.eos_token_ids), temperature=temperature, seed=seed,
+                                 eos_token_ids=tuple(target.info.eos_token_ids), temperature=temperature,
+                                 seed=seed + next(calls),
                                  progress=progress, cuda_graph=cuda_graph)
         return [tok.decode(r or [], skip_special_tokens=True) for r in out]
 

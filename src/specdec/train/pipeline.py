@@ -35,11 +35,14 @@ from .mix import MixConfig, normalize, sample_mix
 from .mtp_trainer import mtp_draft_vocab, train_mtp
 from .plot import plot_training_log
 from .prompts import frozen_heldout_prompts, read_prompts, write_prompts
+from .reply_cache import PromptsUnfinished, ReplyCache, cached_generate
 from .trainer import _ordered, category_of_kind, train_eagle3
 
 __all__ = ["OUT_FILES", "HeadRecipe", "Phases", "RECIPES", "estimate_vs_measured", "heldout_val_prompts", "load_or_make_data",
            "load_or_make_val_data", "run_pipeline", "validation_table"]
 
+EXIT_PROMPTS_UNFINISHED = 3  # the prompts stage met --prompt-minutes: run the same command again
+REPLY_CHUNK_BATCHES = 4  # the prompts stage saves the target's replies every this many generation batches
 VAL_SEED_OFFSET = 1009  # the held-out validation prompts' draw: not the seed of any frozen set's draw
 
 OUT_FILES = (
@@ -145,11 +148,22 @@ def _mix_config(args):
                      exclude_texts=frozenset(normalize(p.text) for p in frozen))
 
 
-def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"):
+def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train", cache: ReplyCache | None = None,
+                     deadline: float | None = None):
+    """The diverse mix's prompts of `split`; with `cache`, the target's replies (self-instruct,
+    conversations) are kept there as they come and the stage stops at `deadline`
+    (`PromptsUnfinished`), to resume in the next call."""
     kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.gen_batch_size, "cuda_graph": args.gen_cuda_graph != "off"}
     generate = target_generate(target, seed=args.seed, **kw)
     if split == "train":  # self-instruct tries past its angles sample (greedy they would repeat)
-        sample = target_generate(target, temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed + 1, **kw)
+        temperature = getattr(args, "variant_temperature", 0.8)
+        sample = target_generate(target, temperature=temperature, seed=args.seed + 1, **kw)
+        if cache is not None:
+            chunk = REPLY_CHUNK_BATCHES * args.gen_batch_size
+            label = f"new_tokens={args.max_new_tokens}"
+            generate = cached_generate(generate, cache, f"greedy {label}", chunk=chunk, deadline=deadline)
+            sample = cached_generate(sample, cache, f"sampled t={temperature} seed={args.seed + 1} {label}", chunk=chunk,
+                                     deadline=deadline)
         return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate, sample=sample)
     config = replace(_mix_config(args), max_variants=1)  # validation: greedy answers to distinct prompts only
     prompts = sample_mix(n, args.seed + VAL_SEED_OFFSET, split=split, config=config, generate=generate)
@@ -259,20 +273,42 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
 
 
 def _cached_prompts(args, target, work: Path, phases: Phases, settings: dict, diverse: bool) -> list:
-    """The training prompts: <work>/prompts.jsonl when made with the same settings (the diverse
-    mix's self-instruct and multi-turn prompts take the target a minute to write), else new ones."""
+    """The training prompts: <work>/prompts.jsonl when made with the same settings, else new ones
+    (the diverse mix's self-instruct and multi-turn prompts take the target minutes to write:
+    `--prompt-minutes` splits that over calls, `_reply_cache`)."""
     path, meta = work / "prompts.jsonl", work / "prompts.settings.json"
     if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
         prompts = read_prompts(path)
         print(f"[specdec.train] reusing {path}: {len(prompts)} prompts")
         return prompts
     if diverse:
-        prompts = phases.run("prompts (diverse mix)", _diverse_prompts, args, target)
+        replies = _reply_cache(work, settings)
+        minutes = getattr(args, "prompt_minutes", None)
+        deadline = None if minutes is None else time.perf_counter() + 60 * minutes
+        if len(replies):
+            print(f"[specdec.train] resuming the prompts: {len(replies)} replies of the target in {replies.path}")
+        try:
+            prompts = phases.run("prompts (diverse mix)", _diverse_prompts, args, target, cache=replies, deadline=deadline)
+        except PromptsUnfinished as e:
+            print(f"[specdec.train] the prompts stage stopped at --prompt-minutes {minutes}: {e}. Run the same command "
+                  f"again: it goes on from there (exit {EXIT_PROMPTS_UNFINISHED})", flush=True)
+            raise SystemExit(EXIT_PROMPTS_UNFINISHED) from None
     else:
         prompts = phases.run("prompts", prompt_sources.sample_prompts, args.num_prompts, args.seed, roots=tuple(args.roots.split(",")))
     write_prompts(prompts, path)
     meta.write_text(json.dumps(settings, sort_keys=True))
     return prompts
+
+
+def _reply_cache(work: Path, settings: dict) -> ReplyCache:
+    """<work>/prompt_replies.jsonl, the prompts stage's replies so far; emptied when it was made
+    with other data settings (another target, seed or mix writes other replies)."""
+    path, meta = work / "prompt_replies.jsonl", work / "prompt_replies.settings.json"
+    if not (meta.is_file() and json.loads(meta.read_text()) == settings):
+        path.unlink(missing_ok=True)
+        work.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(settings, sort_keys=True))
+    return ReplyCache(path)
 
 
 def _set_aside_checkpoint(work: Path, why: str) -> None:
