@@ -111,9 +111,11 @@ def test_a_killed_generation_resumes_where_it_stopped(train_target, tmp_path, mo
                                  resume_path=path)
     assert asked == [6] and resumed.meta["resumed"] == 4
     assert resumed.tokens.tolist() == whole.tokens.tolist()  # greedy: the same data as one uninterrupted call
+    assert 0 < resumed.meta["new_response_tokens"] < resumed.meta["response_tokens"] == whole.meta["new_response_tokens"]
     again = build_distill_data(train_target, prompts, max_new_tokens=6, batch_size=4, encode=_encode, progress=False,
                                resume_path=path)
     assert asked == [6] and again.meta["resumed"] == 10  # everything answered: nothing generated
+    assert again.meta["new_response_tokens"] == 0
     other = build_distill_data(train_target, prompts, max_new_tokens=5, batch_size=4, encode=_encode, progress=False,
                                resume_path=path)  # other settings: another generation, started over
     assert asked == [6, 10] and other.meta["resumed"] == 0

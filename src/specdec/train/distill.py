@@ -376,6 +376,7 @@ def build_distill_data(
             _save_responses(resume_path, key, responses)
             last_save = time.perf_counter()
 
+    new_tokens = 0  # response tokens this call generated (the rest were resumed)
     if todo:
         if resumed:
             print(f"[specdec.train] resuming generation: {resumed} of {len(encoded)} prompts already answered")
@@ -393,6 +394,7 @@ def build_distill_data(
             on_batch=checkpoint if resume_path is not None else None,
         )
         merge(new)
+        new_tokens = sum(len(r) for r in new if r)
         if resume_path is not None:
             _save_responses(resume_path, key, responses)
     seqs, prompt_lens, kinds = [], [], []
@@ -407,6 +409,7 @@ def build_distill_data(
         prompts_too_long=len(prompts) - len(kept),
         prompts_not_reached=sum(r is None for r in responses),
         resumed=resumed,
+        new_response_tokens=new_tokens,
         variants=sum(1 for p in kept if p.variant),
         max_new_tokens=max_new_tokens,
         temperature=temperature,

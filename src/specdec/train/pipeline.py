@@ -267,7 +267,8 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
     secs = max(m["seconds"], 1e-9)
     print(f"[specdec.train] data: {len(data)} sequences ({m['prompts_not_reached']} prompts not reached, "
           f"{m['prompts_too_long']} too long, {m['resumed']} answered by an earlier call), {m['response_tokens']} "
-          f"response / {m['total_tokens']} total tokens, {m['response_tokens'] / secs:.0f} tok/s (this call's time)")
+          f"response / {m['total_tokens']} total tokens; this call wrote {m.get('new_response_tokens', m['response_tokens'])} "
+          f"response tokens in {secs:.0f} s, {m.get('new_response_tokens', m['response_tokens']) / secs:.0f} tok/s")
     data.save(path)
     return data
 
