@@ -6,6 +6,8 @@
 #                         tree (42 MiB with the 29 MB EAGLE-3 head), so the 98 MB GGUF travels in
 #                         parts (five now) in back-to-back calls (warm 30 s). `bash scripts/make_carry.sh`
 #                         sizes them from the tree, builds all of .carry/ and prints each call's carry list.
+#   .carry/NAME-K/        a folder in pieces (`bash scripts/carry_folder.sh NAME DIR`: a head, cached prompts),
+#                         joined into /root/carried/NAME once all have come (scripts/join_carried.sh)
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONUNBUFFERED=1
@@ -27,5 +29,6 @@ if [ ! -f "$gguf" ] && [ "$want" -gt 0 ] && [ "$have" -eq "$want" ]; then
   cat "$site"/part[0-9][0-9] > "$gguf"
 fi
 [ -f "$gguf" ] && echo "GGUF ready: $gguf" || echo "GGUF parts: $have of $want bytes"
+source "$root/scripts/join_carried.sh"  # folders in pieces (scripts/carry_folder.sh) -> /root/carried/NAME
 export PYTHONPATH="$site:${PYTHONPATH:-}"
 python -c "import specdec, torch, triton, transformers; print('specdec ok; torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"

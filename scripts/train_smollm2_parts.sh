@@ -14,7 +14,8 @@
 #   scripts/train_smollm2_parts.sh eval   OUT_DIR   # the finished head on the frozen held-out set (the old one)
 #   scripts/train_smollm2_parts.sh pack-prompts OUT_DIR  # the finished prompts as $OUT/prompts.tgz.NN (the self-written
 #                                                    # ones take an H100 ~7 minutes), for a later session's `data`
-#                                                    # with PROMPTS_FROM=<the carried folder of those pieces>
+#                                                    # with PROMPTS_FROM=<those pieces, or the folder they unpack to,
+#                                                    # carried with scripts/carry_folder.sh>
 #   scripts/train_smollm2_parts.sh pack   OUT_DIR   # OUT_DIR as $OUT/<name>.tgz.00, .01, ...: at most 15 MiB a
 #                                                    # piece (a file over 16 MiB does not come back from the GPU
 #                                                    # machine, and a 16384-row head is ~29 MB); here, unpack with
@@ -53,9 +54,15 @@ train=(--ttt-steps 7 --batch-tokens 32768 --steps "$steps" --lr 8e-4 --warmup 10
 # multi-turn ones (82% of all; scripts/draft_vocab_coverage.py), and a token outside can never be accepted
 train+=(--draft-vocab-size "${DRAFT_VOCAB:-16384}")  # mtp: the draft_vocab.safetensors beside the head
 run() { python -m specdec.train "$head" --target smollm2 --out "$out" --work "$work" "${data[@]}" "${train[@]}" "$@"; }
-restore_prompts() {  # PROMPTS_FROM: a folder of prompts.tgz.NN pieces from `pack-prompts` (same data flags)
+restore_prompts() {  # PROMPTS_FROM: prompts.jsonl + prompts.settings.json (a folder carried with
+  # scripts/carry_folder.sh: /root/carried/NAME), or the prompts.tgz.NN pieces of `pack-prompts`; same data flags
   if [ -n "${PROMPTS_FROM:-}" ] && [ ! -f "$work/prompts.jsonl" ]; then
-    mkdir -p "$work" && cat "$PROMPTS_FROM"/prompts.tgz.* | tar -xzf - -C "$work"
+    mkdir -p "$work"
+    if [ -f "$PROMPTS_FROM/prompts.jsonl" ]; then
+      cp "$PROMPTS_FROM/prompts.jsonl" "$PROMPTS_FROM/prompts.settings.json" "$work/"
+    else
+      cat "$PROMPTS_FROM"/prompts.tgz.* | tar -xzf - -C "$work"
+    fi
     echo "prompts restored from $PROMPTS_FROM into $work"
   fi
 }
