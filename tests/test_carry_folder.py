@@ -22,8 +22,9 @@ def _join(tmp_path: Path, call_root: Path) -> str:
     """One device call: its .carry holds one piece folder; /root's pieces and carried stay."""
     env = {**os.environ, "CARRY_ROOT": str(call_root), "PIECES": str(tmp_path / "site" / "pieces"),
            "CARRIED": str(tmp_path / "carried")}
-    run = subprocess.run(["bash", "-c", "set -u; source scripts/join_carried.sh"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True)
+    script = "set -u; have=kept1; want=kept2; source scripts/join_carried.sh; echo \"GGUF $have $want\""
+    run = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert run.stdout.endswith("GGUF kept1 kept2\n")  # gpu_check.sh reads gpu_setup.sh's have / want after the join
     return run.stdout
 
 
