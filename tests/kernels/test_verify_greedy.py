@@ -8,6 +8,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from specdec.ops import build_tree, verify_greedy
+from specdec.kernels.verify_greedy import verify_greedy_triton
 from tree_cases import DEVICE as device
 from tree_cases import children_lists, ci_examples, kernel_sizes, naive_greedy_walk, trees
 
@@ -63,10 +64,14 @@ def test_greedy_kernel_equals_reference_on_logits_and_on_argmax(case, vocab, see
     tokens, logits = tokens.to(device), logits.to(device)
     tree = build_tree(case.parents.to(device), case.num_nodes.to(device), impl="ref")
     ref = verify_greedy(tokens, tree, logits, impl="ref")
-    for target in (logits, logits.argmax(-1)):
-        ker = verify_greedy(tokens, tree, target, impl="triton")
-        for name in ("accept_length", "accept_nodes", "accept_tokens"):
-            assert torch.equal(getattr(ref, name), getattr(ker, name)), name
+    walk = (tokens, tree.next_token.contiguous(), tree.next_sibling.contiguous())
+    for target in (logits, logits.argmax(-1)):  # the kernel itself: its in-walk argmax, and a given one
+        ker = verify_greedy_triton(*walk, target.contiguous())
+        for name, got in zip(("accept_length", "accept_nodes", "accept_tokens"), ker):
+            assert torch.equal(getattr(ref, name), got), name
+    op = verify_greedy(tokens, tree, logits, impl="triton")  # the op: every row's argmax first when N > 1
+    for name in ("accept_length", "accept_nodes", "accept_tokens"):
+        assert torch.equal(getattr(ref, name), getattr(op, name)), name
 
 
 @pytest.mark.parametrize("impl", ["ref", "triton"])
@@ -90,3 +95,32 @@ def test_greedy_rejects_a_target_of_the_wrong_shape():
         verify_greedy(torch.tensor([[1, 2]]), tree, torch.tensor([[1, 2]], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"target logits must be \[1, 2, V\]"):
         verify_greedy(torch.tensor([[1, 2]]), tree, torch.zeros(1, 3, 5))
+
+
+def test_the_op_takes_every_rows_argmax_first_only_for_small_multi_node_logits(monkeypatch):
+    """`ops.verify_greedy` on logits: N > 1 and at most ARGMAX_FIRST_MAX_ELEMENTS elements ->
+    the kernel gets the [B, N] argmax (one wide reduction); one node, or larger logits -> the
+    kernel's in-walk argmax. The acceptance is the reference's either way."""
+    from specdec.ops import verify as verify_mod
+
+    seen = []
+    real = verify_mod.verify_greedy_triton
+
+    def spy(tokens, next_token, next_sibling, target):
+        seen.append(target.dim())
+        return real(tokens, next_token, next_sibling, target)
+
+    monkeypatch.setattr(verify_mod, "verify_greedy_triton", spy)
+    parents = torch.tensor([[-1, 0, 1, 0]], device=device)
+    tree = build_tree(parents, torch.tensor([4], device=device))
+    tokens = torch.tensor([[0, 3, 5, 2]], device=device)
+    logits = torch.randn(1, 4, 7, generator=torch.Generator().manual_seed(0)).to(device)
+    logits[0, 0, 3] = logits[0, 1, 5] = 9.0  # the path 0 -> 1 -> 2, then a bonus
+    ref = verify_greedy(tokens, tree, logits, impl="ref")
+    for limit, want in ((logits.numel(), 2), (logits.numel() - 1, 3)):
+        monkeypatch.setattr(verify_mod, "ARGMAX_FIRST_MAX_ELEMENTS", limit)
+        got = verify_greedy(tokens, tree, logits, impl="triton")
+        assert seen[-1] == want and got.accept_tokens.tolist() == ref.accept_tokens.tolist()
+    one = build_tree(torch.tensor([[-1]], device=device), torch.tensor([1], device=device))
+    verify_greedy(tokens[:, :1], one, logits[:, :1], impl="triton")
+    assert seen[-1] == 3 and ref.accept_length.tolist() == [2]
