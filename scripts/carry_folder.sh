@@ -16,13 +16,8 @@ dir="$(cd "$dir" && pwd)"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 carry="${CARRY_DIR:-$root/.carry}"
 cd "$root"
-if [ -z "${PIECE_BYTES:-}" ]; then
-  limit=$(( 64 * 1024 * 1024 ))
-  margin=$(( 2 * 1024 * 1024 ))  # files edited between now and the call
-  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
-  wheels=$( (du -sb .carry/wheels 2>/dev/null || echo 0) | cut -f1)
-  PIECE_BYTES=$(( limit - tree - wheels - margin ))
-fi
+source scripts/carry_room.sh
+PIECE_BYTES="${PIECE_BYTES:-$(carry_room)}"
 [ "$PIECE_BYTES" -gt 0 ] || { echo "carry_folder: no room beside the tree for a piece" >&2; exit 1; }
 rm -rf "$carry/$name"-[0-9]*
 tmp=$(mktemp -d)

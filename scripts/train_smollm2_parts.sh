@@ -66,6 +66,14 @@ restore_prompts() {  # PROMPTS_FROM: prompts.jsonl + prompts.settings.json (a fo
     echo "prompts restored from $PROMPTS_FROM into $work"
   fi
 }
+to_pieces() {  # a tgz on stdin -> $dest/$1.tgz.NN of at most 15 MiB (a file over 16 MiB does not come back
+  # from the GPU machine), at most 8 of them (the files a call returns); $2 names what was packed
+  split -b 15M -d - "$dest/$1.tgz."
+  local pieces
+  pieces=$(ls "$dest/$1".tgz.* | wc -l)
+  [ "$pieces" -le 8 ] || { echo "$2 packs into $pieces pieces; at most 8 files come back from a call" >&2; exit 1; }
+  echo "packed $2 into $pieces pieces of at most 15 MiB: $dest/$1.tgz.*"
+}
 case "$stage" in
   data)   restore_prompts; run --prompt-minutes "$prompt_minutes" --gen-minutes "$gen_minutes" --data-only "$@" ;;
   more)   run --gen-minutes "$gen_minutes" --continue-generation --data-only "$@" ;;
@@ -73,14 +81,10 @@ case "$stage" in
   finish) run --max-minutes "$finish_minutes" --eval --eval-source categories --eval-prompts "$eval_prompts" \
             --eval-batch-size 16 --eval-max-new-tokens 128 "$@" ;;
   pack)   dest="${OUT:?pack writes its pieces to \$OUT}"; name="$(basename "$out")"
-          tar -C "$(dirname "$out")" -czf - "$name" | split -b 15M -d - "$dest/$name.tgz."
-          pieces=$(ls "$dest/$name".tgz.* | wc -l)
-          [ "$pieces" -le 8 ] || { echo "$out packs into $pieces pieces; at most 8 files come back from a call" >&2; exit 1; }
-          echo "packed $out into $pieces pieces of at most 15 MiB: $dest/$name.tgz.*" ;;
+          tar -C "$(dirname "$out")" -czf - "$name" | to_pieces "$name" "$out" ;;
   pack-prompts) dest="${OUT:?pack-prompts writes its pieces to \$OUT}"
           [ -f "$work/prompts.jsonl" ] || { echo "$work/prompts.jsonl is not there: run the data stage first" >&2; exit 1; }
-          tar -C "$work" -czf - prompts.jsonl prompts.settings.json | split -b 15M -d - "$dest/prompts.tgz."
-          echo "packed $work/prompts.jsonl into $(ls "$dest"/prompts.tgz.* | wc -l) pieces: $dest/prompts.tgz.*" ;;
+          tar -C "$work" -czf - prompts.jsonl prompts.settings.json | to_pieces prompts "$work/prompts.jsonl" ;;
   eval)   python -m specdec.train eval --target smollm2 --head "$out" --drafter "$head" --eval-source frozen \
             --eval-batch-size 16 --eval-max-new-tokens 128 --json "$out/eval_frozen.json" "$@" ;;
   *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval, pack, pack-prompts" >&2; exit 2 ;;

@@ -156,14 +156,11 @@ def _diverse_prompts(args, target, *, n: int | None = None, split: str = "train"
     kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.gen_batch_size, "cuda_graph": args.gen_cuda_graph != "off"}
     generate = target_generate(target, seed=args.seed, **kw)
     if split == "train":  # self-instruct tries past its angles sample (greedy they would repeat)
-        temperature = getattr(args, "variant_temperature", 0.8)
-        sample = target_generate(target, temperature=temperature, seed=args.seed + 1, **kw)
-        if cache is not None:
+        sample = target_generate(target, temperature=getattr(args, "variant_temperature", 0.8), seed=args.seed + 1, **kw)
+        if cache is not None:  # the cache holds one set of data settings (`_reply_cache`): the labels name the generator only
             chunk = REPLY_CHUNK_BATCHES * args.gen_batch_size
-            label = f"new_tokens={args.max_new_tokens}"
-            generate = cached_generate(generate, cache, f"greedy {label}", chunk=chunk, deadline=deadline)
-            sample = cached_generate(sample, cache, f"sampled t={temperature} seed={args.seed + 1} {label}", chunk=chunk,
-                                     deadline=deadline)
+            generate = cached_generate(generate, cache, "greedy", chunk=chunk, deadline=deadline)
+            sample = cached_generate(sample, cache, "sampled", chunk=chunk, deadline=deadline)
         return sample_mix(args.num_prompts, args.seed, config=_mix_config(args), generate=generate, sample=sample)
     config = replace(_mix_config(args), max_variants=1)  # validation: greedy answers to distinct prompts only
     prompts = sample_mix(n, args.seed + VAL_SEED_OFFSET, split=split, config=config, generate=generate)
@@ -264,11 +261,11 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
     data.meta["settings"] = settings
     data.meta["gen_dtype"] = _dtype_name(gen)
     m = data.meta
-    secs = max(m["seconds"], 1e-9)
+    secs, new = max(m["seconds"], 1e-9), m["new_response_tokens"]
     print(f"[specdec.train] data: {len(data)} sequences ({m['prompts_not_reached']} prompts not reached, "
           f"{m['prompts_too_long']} too long, {m['resumed']} answered by an earlier call), {m['response_tokens']} "
-          f"response / {m['total_tokens']} total tokens; this call wrote {m.get('new_response_tokens', m['response_tokens'])} "
-          f"response tokens in {secs:.0f} s, {m.get('new_response_tokens', m['response_tokens']) / secs:.0f} tok/s")
+          f"response / {m['total_tokens']} total tokens; this call wrote {new} response tokens in {secs:.0f} s, "
+          f"{new / secs:.0f} tok/s")
     data.save(path)
     return data
 

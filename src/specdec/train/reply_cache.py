@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .expand import Generate
+from .expand import Generate, _generate
 
 __all__ = ["PromptsUnfinished", "ReplyCache", "cached_generate"]
 
@@ -78,9 +78,7 @@ def cached_generate(generate: Generate, cache: ReplyCache, label: str, *, chunk:
                 raise PromptsUnfinished(f"{len(missing) - start} of {len(convs)} replies of a {label!r} round not written yet "
                                         f"({len(cache)} in {cache.path})")
             part = missing[start:start + chunk]
-            replies = list(generate([convs[i] for i in part]))
-            if len(replies) != len(part) or not all(isinstance(r, str) for r in replies):
-                raise ValueError(f"generate returned {len(replies)} replies for {len(part)} conversations; it must return one str each")
+            replies = _generate(generate, [convs[i] for i in part])  # one str per conversation, checked
             cache.add([(keys[i], r) for i, r in zip(part, replies)])
         return [cache.replies[k] for k in keys]
 
