@@ -232,6 +232,7 @@ def timed_run(dec, batch, params, device) -> dict:
     prefill = PhaseClock(engine, "_advance_prefills")  # host time admitting prompts (ends in a sync per prompt)
     forwards = ForwardCounter(engine, device)
     steps_before = engine.step_times.seconds
+    beside_before = engine.step_times.beside_prefill
     buckets_before = {k: list(v) for k, v in engine.step_times.by_bucket.items()}
     running_before = dict(engine.step_times.running_by_bucket)
     host_before = {k: list(v) for k, v in engine.step_times.host_split.items()}
@@ -260,6 +261,8 @@ def timed_run(dec, batch, params, device) -> dict:
     return dict(tok_s=tokens / seconds, seconds=seconds, tokens=tokens,
                 tau=sum(len(r.token_ids) - 1 for r in results) / max(steps, 1),
                 step_s=step_s, prefill_s=prefill.seconds, other_s=seconds - step_s - prefill.seconds,
+                # overlapped steps with a prefill in their window (charged without it; no sample for the rule)
+                beside_prefill=engine.step_times.beside_prefill - beside_before,
                 decode_tok_s=(tokens - len(results)) / step_s if step_s else float("nan"),  # tokens the steps made
                 gc_ms=region.gc_ms, gc_collections=region.collections, buckets=buckets, gpu=clocks.summary(),
                 **prefill_forwards)
@@ -334,7 +337,9 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     spread = f"runs {min(row['tok_s_runs']):.0f}-{max(row['tok_s_runs']):.0f} tok/s" if len(runs) > 1 else ""
     log(f"  {kind}: median of {len(runs)}: {med['seconds']:.2f} s = steps {med['step_s']:.2f} + prefill "
         f"{med['prefill_s']:.2f} + other {med['other_s']:.2f}; decode {med['decode_tok_s']:.0f} tok/s; gc "
-        f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}")
+        f"{med['gc_collections']} collections, {med['gc_ms']:.1f} ms; {spread}"
+        + (f"; {med['beside_prefill']} overlapped steps had a prefill in their window (not charged to them)"
+           if med.get("beside_prefill") else ""))
     label = (lambda d: f"{d['bucket']} {d['variant']}") if rule is not None else (lambda d: f"{d['bucket']}")
     log(f"  {kind}: steps per bucket: " + "; ".join(
         f"{label(d)} x{d['steps']} {d['ms_per_step']:.3f} ms {d['tok_s']:.0f} tok/s {d['running']:.1f} running"

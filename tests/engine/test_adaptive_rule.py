@@ -376,3 +376,20 @@ def test_the_sum_folded_beside_the_device_is_the_sum_the_choice_would_make():
     assert rule._summed is None
     rule.choose(4, [a, b, c])
     assert rule.last.tokens[True] == pytest.approx(sum(rule.expected_tokens(r) for r in (a, b, c)))
+
+
+def test_a_step_that_is_no_clean_sample_is_recorded_but_moves_no_estimate():
+    """`measured(..., sample=False)` (an overlapped step with a prefill in its window): the
+    decision keeps what was measured, the live cost and the exploration budget do not move."""
+    rule = planted_rule(2.0, 1.0)
+    requests = [Req(), Req()]
+    drive(rule, requests, lambda step, i: D, 3, bucket=4, spec_s=2.0, plain_s=1.0)
+    live, budget = list(rule.costs.live[(4, SPECULATIVE)]), rule._budget[4]
+    assert rule.choose(4, requests) is True
+    decision = rule.last
+    rule.measured(4, SPECULATIVE, 2 * (D + 1), 50.0, decision, sample=False)
+    assert list(rule.costs.live[(4, SPECULATIVE)]) == live and rule.done is decision
+    assert decision.measured_seconds == 50.0 and decision.measured_tokens == 2 * (D + 1)
+    assert rule._budget[4] == pytest.approx(budget + EXPLORE_SHARE * 2.0)  # the choice's share only
+    rule.measured(4, SPECULATIVE, 2 * (D + 1), 50.0, decision)  # the same as a sample is one
+    assert list(rule.costs.live[(4, SPECULATIVE)]) == live + [50.0]

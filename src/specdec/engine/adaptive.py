@@ -360,15 +360,20 @@ class AdaptiveRule:
         self._summed = (requests, sum(self.expected_tokens(r) for r in requests))
         self._folded = step
 
-    def measured(self, bucket: int, variant: str, tokens: int, seconds: float, decision: "Decision | None" = None) -> None:
+    def measured(self, bucket: int, variant: str, tokens: int, seconds: float, decision: "Decision | None" = None,
+                 *, sample: bool = True) -> None:
         """After the step: the variant that ran, its emitted tokens and host seconds (the cost
         model's live sample); `decision`: the step's own (default `last`; with overlapped
-        steps the rule has already chosen the next one). It becomes `done`."""
-        self.costs.update(bucket, variant, seconds)
+        steps the rule has already chosen the next one). It becomes `done`. `sample=False`:
+        the seconds are not a clean measure of the variant (an overlapped step with a prefill
+        in its window, whose share of the device's time cannot be told apart): the decision
+        records them, the cost model and the exploration budget do not."""
+        if sample:
+            self.costs.update(bucket, variant, seconds)
         decision = self.last if decision is None else decision
         if decision is not None:
             decision.measured_tokens, decision.measured_seconds = tokens, seconds
-            if decision.speculative and not decision.probe and decision.tokens[False] > 0:
+            if sample and decision.speculative and not decision.probe and decision.tokens[False] > 0:
                 # the time speculating saved against the plain step's predicted rate: a bucket
                 # where speculation pays may probe again soon after it stops paying
                 plain_rate = decision.tokens[False] / decision.seconds[False]

@@ -85,11 +85,15 @@ class StepTimes:
     # (batch bucket, variant) -> running requests summed over its steps: how full a bucket's
     # steps ran (a bucket-64 step costs the same with 30 requests as with 64)
     running_by_bucket: dict = field(default_factory=dict)
+    # overlapped steps whose hand-off was read after a prefill ran (their seconds exclude it; the
+    # adaptive rule takes no cost sample from them)
+    beside_prefill: int = 0
 
     def add(self, seconds: float, phases: dict[str, float] | None = None, *, bucket: int | None = None,
             variant: str = SPECULATIVE, tokens: int = 0, host: tuple[float, ...] | None = None,
-            running: int = 0) -> None:
+            running: int = 0, beside_prefill: bool = False) -> None:
         self.steps += 1
+        self.beside_prefill += beside_prefill
         self.seconds += seconds
         if bucket is not None:
             row = self.by_bucket.setdefault((bucket, variant), [0, 0.0, 0])
