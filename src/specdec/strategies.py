@@ -85,6 +85,9 @@ class Drafter(Protocol):
                      or None when the drafter reads no target state.
         start:       position of the chunk's first row (0 for the first chunk); chunks of one
                      prompt arrive in order, the last one after the first token is sampled.
+
+        The engine does not call it for a request that drafts nothing (`num_draft_tokens=0`):
+        that request's slot stays as `reset_slot` left it, and drafts a valid empty tree.
         """
 
     def propose(self, state: StepState, max_kv_len: int | None = None, draft: bool = True) -> DraftTree:

@@ -115,6 +115,47 @@ def test_per_request_budgets_of_zero_two_and_five_each_give_the_target_only_outp
     assert set(results[0].stats.accepted_per_step) <= {0}
 
 
+def test_a_request_that_drafts_nothing_skips_the_drafters_prompt_pass_and_stays_exact(solo_runs):
+    """Budget 0: the draft head never runs its prompt (its slot stays as `reset_slot` left it,
+    root-only trees), alone or in a group prefill beside requests that draft; outputs exact.
+    The drafter's prompt rows are counted: exactly the drafting requests' prompt tokens."""
+    dec = _decoder(solo_runs, max_draft_len=5)
+    drafter = dec.strategies.drafter
+    rows: list[int] = []  # prompt rows the drafter ingested, per call
+    one, many = drafter.prefill, drafter.prefill_many
+
+    def count_one(slot, next_tokens, *args, **kw):
+        rows.append(next_tokens.shape[0])
+        return one(slot, next_tokens, *args, **kw)
+
+    def count_many(slots, next_tokens, *args, **kw):
+        rows.extend(t.shape[0] for t in next_tokens)
+        return many(slots, next_tokens, *args, **kw)
+
+    drafter.prefill, drafter.prefill_many = count_one, count_many
+    prompts, lengths = solo_runs["prompts"][:8], solo_runs["lengths"][:8]
+    budgets = [0, None, 0, 0, 2, None, 0, 0]
+    results = dec.generate(prompts, [_greedy(n, num_draft_tokens=k) for n, k in zip(lengths, budgets)])
+    assert [r.token_ids for r in results] == solo_runs["solo"][:8]
+    assert all(set(r.stats.accepted_per_step) == {0} for r, k in zip(results, budgets) if k == 0)
+    assert sum(rows) == sum(len(p) for p, k in zip(prompts, budgets) if k != 0)
+    assert _all_blocks_free(dec)
+
+
+def test_a_request_that_drafts_nothing_never_holds_back_the_adaptive_deferral(solo_runs):
+    """Adaptive steps with every request at budget 0: the plain steps are all deferred (the
+    drafter has nothing to keep current) and no speculative probe is run (nothing to observe)."""
+    dec = _decoder(solo_runs, max_draft_len=3, adaptive=True)
+    dec.warmup()  # the step times the rule weighs
+    prompts, lengths = solo_runs["prompts"][:4], solo_runs["lengths"][:4]
+    results = dec.generate(prompts, [_greedy(n, num_draft_tokens=0) for n in lengths])
+    assert [r.token_ids for r in results] == solo_runs["solo"][:4]
+    variants = {variant for (_, variant) in dec.engine.step_times.by_bucket}
+    rule = dec.engine.adaptive_rule
+    assert rule.probes == 0 and rule.decisions[True] == 0, (rule.decisions, rule.probes)
+    assert variants == {"deferred"}, variants
+
+
 class Boom(RuntimeError):
     pass
 

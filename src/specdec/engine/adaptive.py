@@ -288,6 +288,8 @@ class AdaptiveRule:
         probe = variant == best and run >= self._interval.get(bucket, FIRST_INTERVAL)
         if probe and best:  # a plain probe only while the plain step could win at its cheapest
             probe = self._plain_could_win(bucket, plain, tokens, seconds)
+        elif probe and tokens[True] <= tokens[False]:  # no request of the step drafts (every budget 0):
+            probe = False  # a speculative probe would observe nothing
         budget = self._budget.get(bucket, 0.0)
         if probe:  # and only when the bucket's exploration budget covers what it is expected to lose
             loss = seconds[not best] - tokens[not best] * seconds[best] / tokens[best]

@@ -269,11 +269,12 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
 
     def _can_defer(self, running: list[RequestState]) -> bool:
         """Whether a deferred plain step keeps every running path within the drafter's depth
-        (a path's length after a speculative step still in flight is unknown: not then)."""
+        (a path's length after a speculative step still in flight is unknown: not then). A
+        request that drafts nothing (budget 0) has no draft state to keep current."""
         if self.defer_depth is None:
             return False
-        return all(self._path_len[r.slot] is not None and self._path_len[r.slot] + 1 <= self.defer_depth
-                   for r in running)
+        path_len, depth = self._path_len, self.defer_depth
+        return all(r.budget == 0 or (path_len[r.slot] is not None and path_len[r.slot] + 1 <= depth) for r in running)
 
     def _launch(self, b: int, variant: str = SPECULATIVE) -> None:
         """The device part of the step (no host sync inside)."""

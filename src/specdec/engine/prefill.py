@@ -92,10 +92,14 @@ class Prefill:
             drawn = self._first_tokens([group[i] for i in done], rows, [seqs[i].shape[0] for i in done])
             first = dict(zip(done, drawn))
         drafted = False  # the drafter's chunks in one forward too, when it can (`prefill_many`)
-        if hidden is not None and hasattr(self.strategies.drafter, "prefill_many"):
+        drafting = [i for i, r in enumerate(group) if r.budget != 0]  # a request that drafts nothing skips it
+        if hidden is not None and drafting and hasattr(self.strategies.drafter, "prefill_many"):
             try:
-                nexts = self._next_tokens_many(group, seqs, starts, ends, first)
-                self.strategies.drafter.prefill_many([r.slot for r in group], nexts, hidden, starts)
+                nexts = self._next_tokens_many([group[i] for i in drafting], [seqs[i] for i in drafting],
+                                               [starts[i] for i in drafting], [ends[i] for i in drafting],
+                                               {j: first[i] for j, i in enumerate(drafting) if i in first})
+                self.strategies.drafter.prefill_many([group[i].slot for i in drafting], nexts,
+                                                     [hidden[i] for i in drafting], [starts[i] for i in drafting])
                 drafted = True
             except Exception:  # retried request by request below
                 drafted = False
@@ -156,9 +160,12 @@ class Prefill:
         """After the target ran chunk [start, end) of `seq`: the drafter's chunk (unless
         `drafted`: done for the whole group); after the last chunk, the first token (`first`;
         a request re-admitted after a preemption already has it) and the request's step
-        state, so it runs."""
+        state, so it runs. A request that drafts nothing (budget 0: `num_draft_tokens=0`)
+        skips the drafter: its slot stays as `reset_slot` left it, which drafts a root-only
+        tree (the `Drafter` contract), and the draft head's prompt pass is not paid for it
+        (0.044 s of a 1.53 s batch-64 run of the 8B shape on the H200, b2852cc)."""
         slot, L = request.slot, seq.shape[0]
-        if not drafted:
+        if not drafted and request.budget != 0:
             _drafter_prefill(self.strategies.drafter, slot, self._next_tokens(request, seq, start, end, first), hidden, start)
         if end < L:
             request.prefilled = end
