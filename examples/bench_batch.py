@@ -322,13 +322,15 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
         rule.choose = lambda bucket, running, plain=None: True
     decision_log = DecisionLog()
     if rule is not None:  # count the timed runs' decisions only (the estimates stay warm)
-        rule.decisions, rule.probes = {True: 0, False: 0}, 0
+        rule.decisions, rule.probes, rule.admissions = {True: 0, False: 0}, 0, {True: 0, False: 0}
         dec.add_observer(decision_log)
     runs = [timed_run(dec, batch, params, device) for _ in range(args.repeats)]
     if args.profile:  # one more run, untimed, under the profiler: where host and device time go
         profile_run(dec, batch, params, device, kind, args.profile)
     med = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]  # the median run (its own breakdown)
-    decisions = None if rule is None else dict(speculative=rule.decisions[True], plain=rule.decisions[False], probes=rule.probes)
+    decisions = None if rule is None else dict(speculative=rule.decisions[True], plain=rule.decisions[False], probes=rule.probes,
+                                               # requests admitted with / without their drafter (a head that pays nowhere)
+                                               admitted_drafting=rule.admissions[True], admitted_undrafted=rule.admissions[False])
     kind = kind + (OVERLAP if overlap else "")
     row = dict(kind=kind, batch=B, **med, warmup_s=warm_s, repeats=len(runs),
                tok_s_runs=[r["tok_s"] for r in runs],

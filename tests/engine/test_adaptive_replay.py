@@ -119,6 +119,23 @@ def test_with_a_head_never_right_probes_cost_at_most_the_exploration_share(times
     assert adaptive.steps[SPECULATIVE] <= 1
 
 
+@pytest.mark.parametrize("times, batch", [(EIGHT_B_B16, 16), (EIGHT_B_B64, 64)])
+def test_with_a_head_never_right_requests_come_in_without_the_drafter_and_beat_the_plain_policy(times, batch):
+    """The same head, its requests admitted after a warm-up: most come in without the drafter
+    (it pays in no bucket), so the ingesting plain steps (+6-10% over a deferred one at these
+    times) run only for the few admitted to explore. With every request drafting, a fixed plain
+    policy runs one ingest per D + 1 steps; the rule beats it (at 12501d9's rule it could not:
+    0.998-1.000x)."""
+    kw = dict(batch=batch, new_tokens=64, requests=2 * batch)
+    plain = replay([[0]], times, policy="never", **kw)
+    warm = replay([[0]], times, policy="adaptive", **dict(kw, new_tokens=8))  # as `replay_warm`, counted apart
+    warm.rule.admissions = {True: 0, False: 0}
+    adaptive = replay([[0]], times, policy="adaptive", rule=warm.rule, **kw)
+    assert adaptive.rule.admissions[False] >= 3 * adaptive.rule.admissions[True] > 0
+    assert adaptive.steps[PLAIN] <= plain.steps[PLAIN] / 2, (adaptive.steps, plain.steps)
+    assert adaptive.tokens_per_second > 1.003 * plain.tokens_per_second
+
+
 @pytest.mark.parametrize("times, batch", [(SMOLLM2_B1, 1), (SMOLLM2_B16, 16)])
 def test_with_the_shipped_head_it_is_within_one_percent_of_the_better_fixed_choice(times, batch):
     """SmolLM2 and its head (tau ~3.3): speculating pays at batch 1 (1.7x) and barely at 16

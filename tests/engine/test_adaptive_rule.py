@@ -393,3 +393,48 @@ def test_a_step_that_is_no_clean_sample_is_recorded_but_moves_no_estimate():
     assert rule._budget[4] == pytest.approx(budget + EXPLORE_SHARE * 2.0)  # the choice's share only
     rule.measured(4, SPECULATIVE, 2 * (D + 1), 50.0, decision)  # the same as a sample is one
     assert list(rule.costs.live[(4, SPECULATIVE)]) == live + [50.0]
+
+
+# ----------------------------------------------------------------------------- admission
+def never_accepted_pool(rule: AdaptiveRule, observations: int = 60) -> None:
+    for _ in range(observations):
+        rule.pool.observe(0, D)
+
+
+def test_a_head_that_pays_in_no_bucket_admits_requests_without_their_drafter_exploring_at_doubling_intervals():
+    """Nothing accepted, speculation 1.5x the plain step in every bucket: admissions go without
+    the drafter, and one in FIRST_INTERVAL, then 2x, 4x ... admissions explores with it; budget
+    0 is never given a drafter and not counted."""
+    rule = planted_rule(1.5, 1.0)
+    assert rule.admit_with_drafter(D) is True  # optimistic before any evidence: E[tokens] = 1 + D pays
+    never_accepted_pool(rule)
+    assert rule.drafting_pays_somewhere(D) is False
+    seq = "".join("D" if rule.admit_with_drafter(D) else "-" for _ in range(60))
+    gaps = [FIRST_INTERVAL * 2 ** k for k in range(4)]  # 4, 8, 16, 32 admissions between explorations
+    assert seq == "".join("-" * g + "D" for g in gaps[:3]) + "-" * (60 - sum(gaps[:3]) - 3)
+    assert rule.admissions == {True: 1 + 3, False: 60 - 3}
+    assert rule.admit_with_drafter(0) is False and rule.admissions == {True: 4, False: 57}
+
+
+def test_a_head_that_pays_in_one_bucket_keeps_every_drafter_and_a_paying_pool_resets_the_schedule():
+    """Acceptance that pays at batch 1 (speculation 1.2x there) and not at batch 64 (8x): every
+    request keeps its drafter (the batch may shrink to bucket 1). And once the evidence says
+    drafting pays again, the exploration interval is back to its first value."""
+    rule = AdaptiveRule(D, chain=True, full_budget=D)
+    rule.costs.record(1, SPECULATIVE, [1.2]), rule.costs.record(1, DEFERRED, [1.0])
+    rule.costs.record(64, SPECULATIVE, [8.0]), rule.costs.record(64, DEFERRED, [1.0])
+    for _ in range(60):
+        rule.pool.observe(1, D)  # E[tokens] ~ 1.5 + ...: > 1.2, < 8
+    assert all(rule.admit_with_drafter(D) for _ in range(20)) and rule.admissions[False] == 0
+    never_accepted_pool(rule, 200)
+    assert [rule.admit_with_drafter(D) for _ in range(5)] == [False] * 4 + [True]
+    assert rule._admit_interval == 2 * FIRST_INTERVAL
+    for _ in range(200):
+        rule.pool.observe(D, D)
+    assert rule.admit_with_drafter(D) is True and rule._admit_interval == FIRST_INTERVAL
+
+
+def test_before_any_step_is_timed_every_request_keeps_its_drafter():
+    rule = AdaptiveRule(D, chain=True, full_budget=D)
+    never_accepted_pool(rule)
+    assert rule.drafting_pays_somewhere(D) is True and rule.admit_with_drafter(D) is True

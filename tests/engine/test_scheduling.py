@@ -156,6 +156,38 @@ def test_a_request_that_drafts_nothing_never_holds_back_the_adaptive_deferral(so
     assert variants == {"deferred"}, variants
 
 
+def test_adaptive_admits_requests_without_the_drafter_when_it_pays_in_no_bucket_and_stays_exact(solo_runs):
+    """Planted: every bucket's speculative step 10x its plain one and a pool that has seen
+    nothing accepted. Requests are admitted without their drafter (no prompt pass: the
+    drafter's rows are the explored requests' prompts alone), every plain step is deferred
+    while no admitted request drafts, and the output is the target's."""
+    from specdec.engine.adaptive import DEFERRED, PLAIN, SPECULATIVE
+
+    dec = _decoder(solo_runs, max_draft_len=3, adaptive=True)
+    dec.warmup()
+    rule = dec.engine.adaptive_rule
+    for (bucket, variant) in list(rule.costs.warm):
+        rule.costs.warm[(bucket, variant)] = 10.0 if variant == SPECULATIVE else 1.0
+    for _ in range(100):
+        rule.pool.observe(0, 3)
+    drafter = dec.strategies.drafter
+    rows: list[int] = []
+    one, many = drafter.prefill, drafter.prefill_many
+    drafter.prefill = lambda slot, t, *a, **k: (rows.append(t.shape[0]), one(slot, t, *a, **k))[1]
+    drafter.prefill_many = lambda slots, ts, *a, **k: (rows.extend(t.shape[0] for t in ts), many(slots, ts, *a, **k))[1]
+    prompts, lengths = solo_runs["prompts"][:10], solo_runs["lengths"][:10]
+    requests = [dec.engine.submit(p, _greedy(n)) for p, n in zip(prompts, lengths)]
+    dec.engine.run_until_done(max_steps=500)
+    assert [r.token_ids for r in requests] == solo_runs["solo"][:10]
+    drafted = [r for r in requests if r.budget != 0]
+    assert rule.admissions == {True: len(drafted), False: 10 - len(drafted)} and len(drafted) == 1  # the 5th explores
+    assert sum(rows) == sum(len(r.prompt) for r in drafted)
+    assert rule.decisions[True] == 0  # never speculated (10x dearer)
+    steps = {variant: n for (_, variant), (n, _, _) in dec.engine.step_times.by_bucket.items()}
+    assert steps.get(DEFERRED, 0) > 4 * steps.get(PLAIN, 0), steps  # the one drafting request's ingests alone
+    assert _all_blocks_free(dec)
+
+
 class Boom(RuntimeError):
     pass
 

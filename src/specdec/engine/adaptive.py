@@ -48,6 +48,15 @@ costs what target-only steps cost. Per step it picks
   device instead of idling it between steps; a choice therefore reads estimates one step old,
   and a speculative probe is judged once its acceptance is in.
 
+- **Admission.** A request is admitted without its drafter (budget 0: no draft prompt
+  pass, its paths never hold back a deferred step, `engine.prefill`) when, with the pool's
+  acceptance, a speculative step would not beat the cheapest plain one in any batch bucket
+  whose costs are known: a head that is never right. Without new evidence that choice would
+  stick, so every so many such admissions one is admitted with its drafter, at the probes'
+  doubling schedule (FIRST_INTERVAL .. MAX_INTERVAL admissions; back to the first once
+  drafting pays somewhere). A head that pays in some bucket (SmolLM2's at batch 1) keeps
+  every request's drafter: the batch may shrink to that bucket later.
+
 The per-slot draft budget is not a candidate of its own: one captured graph serves every
 budget of a bucket at one cost, so a request's own budget (`num_draft_tokens`) is always
 the best one for it. Every decision (inputs, prediction, then the measured outcome) is
@@ -249,6 +258,9 @@ class AdaptiveRule:
         self._folded = 0  # the last step whose acceptance the estimates hold
         self._summed: tuple[list, float] | None = None  # (requests, sum of their expected tokens) at the last fold
         self._pending: tuple[int, list, list] | None = None  # (step, [(request, accepted length)], [idle request])
+        self.admissions = {True: 0, False: 0}  # requests admitted with (True) and without (False) their drafter
+        self._undrafted_run = 0  # admissions without the drafter since the last one with it
+        self._admit_interval = FIRST_INTERVAL  # such admissions before one explores with its drafter
 
     def depth_limit(self, request) -> int:
         """How deep `request`'s draft budget lets a step draft."""
@@ -303,6 +315,39 @@ class AdaptiveRule:
         self._run[bucket] = (choice, run + 1 if choice == variant else 1)
         self.decisions[choice] += 1
         self.last = Decision(bucket, choice, plain, probe, len(running), tokens, seconds, step=self._step)
+        return choice
+
+    def drafting_pays_somewhere(self, budget: int) -> bool:
+        """Whether a fresh request of `budget` drafts (the pool's acceptance) would make a
+        speculative step beat the cheapest plain step due in some batch bucket with known costs:
+        E[tokens] / spec seconds > 1 / plain seconds for a batch of such requests."""
+        limit = self.max_depth if budget == self.full_budget else min(budget, self.max_depth)
+        tokens = self.pool.expected_tokens(limit)
+        known = self.costs.warm.keys() | self.costs.live.keys()
+        buckets = {b for b, v in known if v == SPECULATIVE}
+        if not buckets:  # no step timed yet (before `warmup()`): nothing says it does not pay
+            return True
+        for bucket in buckets:
+            plain = [self.costs(bucket, v) for v in (PLAIN, DEFERRED) if (bucket, v) in known]
+            if not plain or tokens * min(plain) > self.costs(bucket, SPECULATIVE):
+                return True
+        return False
+
+    def admit_with_drafter(self, budget: int) -> bool:
+        """At a request's admission: True = with its drafter (its `budget`), False = without
+        (budget 0), see the module docstring (**Admission**). `budget` 0 is always False."""
+        if budget == 0:
+            return False
+        if self.drafting_pays_somewhere(budget):
+            self._undrafted_run, self._admit_interval = 0, FIRST_INTERVAL
+            choice = True
+        elif self._undrafted_run >= self._admit_interval:  # explore: new evidence for the pool
+            self._undrafted_run, self._admit_interval = 0, min(2 * self._admit_interval, MAX_INTERVAL)
+            choice = True
+        else:
+            self._undrafted_run += 1
+            choice = False
+        self.admissions[choice] += 1
         return choice
 
     def _plain_could_win(self, bucket: int, plain: str, tokens: dict, seconds: dict) -> bool:

@@ -7,7 +7,9 @@ H200) and whose accepted lengths come from traces (each request's accepted lengt
 speculative step, recorded from a run that always speculated). The rule is called in the
 engine's order (choose, fold the last step's acceptance after the launch, then the measured
 time and the acceptance of this step), and the plain step due is `deferred` while every path
-stays within the drafter's depth, else `plain` (the drafter ingests), as in the engine.
+stays within the drafter's depth, else `plain` (the drafter ingests), as in the engine. A
+request is admitted with or without its drafter as the engine admits it
+(`AdaptiveRule.admit_with_drafter`); the draft prompt pass it saves is not priced here.
 
 A trace is consumed one entry per speculative step of its request: a plain step emits one
 token and leaves the trace where it is (the acceptance at a position one token later is not
@@ -128,9 +130,12 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
     run, running = ReplayRun(rule=rule if policy == "adaptive" else None), []
     while queue or running:
         while queue and len(running) < batch:
-            running.append(queue.pop())
+            r = queue.pop()
+            if policy == "adaptive" and not rule.admit_with_drafter(r.budget):
+                r.budget = 0  # admitted without its drafter, as the engine does (its prompt pass is not priced here)
+            running.append(r)
         bucket = next(b for b in buckets if b >= len(running))  # the smallest graph that holds them
-        can_defer = all(r.path is not None and r.path + 1 <= depth for r in running)
+        can_defer = all(r.budget == 0 or (r.path is not None and r.path + 1 <= depth) for r in running)
         plain = DEFERRED if can_defer else PLAIN
         if policy == "adaptive":
             speculative = rule.choose(bucket, running, plain)
@@ -141,7 +146,10 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
         variant = SPECULATIVE if speculative else plain
         emitted, observed, lengths, idle = 0, [], [], []
         for r in running:
-            if speculative:
+            if speculative and r.budget == 0:  # no drafts: the root's token alone, nothing observed
+                a = 0
+                r.path = 0
+            elif speculative:
                 a = r.trace[r.at % len(r.trace)]  # observed as accepted; the tokens past `left` are cut
                 r.at += 1
                 r.path = a

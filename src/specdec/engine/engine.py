@@ -243,6 +243,8 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         """The oldest waiting request takes the lowest free slot, if the pool can back its prompt."""
         request = self.scheduler.admit_next(self._back_prompt)
         if request is not None:
+            if self.adaptive and request.budget and not self.adaptive_rule.admit_with_drafter(request.budget):
+                request.budget = 0  # a head that pays in no bucket: no draft prompt pass, nothing to keep current
             self._set_sampling(request.slot, request)
         return request is not None
 
@@ -339,8 +341,9 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
             event.record()
         if self.adaptive:  # the paths a deferred step may extend (`_can_defer`)
             if variant == DEFERRED:
-                for r in running:
-                    self._path_len[r.slot] += 1
+                for r in running:  # None: a request that drafts nothing, its speculative step in flight
+                    if self._path_len[r.slot] is not None:
+                        self._path_len[r.slot] += 1
             elif variant == PLAIN:
                 for r in running:
                     self._path_len[r.slot] = 0
