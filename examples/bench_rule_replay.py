@@ -151,10 +151,10 @@ def main() -> None:
         rows.append([target, batch, f"{rate['no-drafter']:.0f}", f"{rate['always']:.0f}", f"{rate['adaptive']:.0f}",
                      f"{rate['adaptive'] / rate['no-drafter']:.3f}x", f"{rate['adaptive'] / best:.3f}x",
                      f"**{rate['adaptive'] / fixed_best:.3f}x**", f"{rate['before'] / fixed_best:.3f}x",
-                     f"{a.steps['speculative']} : {a.steps['deferred']} + {a.steps['plain']} ({a.probes})"])
+                     f"{a.steps['speculative']} : {a.steps['bare']} + {a.steps['deferred']} + {a.steps['plain']} ({a.probes})"])
     log(markdown_table(["target", "batch", "target-only tok/s", "fixed tok/s", "adaptive tok/s",
                         "adaptive vs target-only", "adaptive vs best", "decisions: adaptive vs best fixed choice",
-                        "the same, rule at 32cbac7", "adaptive steps spec : deferred + plain (probes)"], rows))
+                        "the same, rule at 32cbac7", "adaptive steps spec : bare + deferred + plain (probes)"], rows))
     log("best fixed choice: always speculate, or never (the adaptive engine's own plain and deferred steps); "
         "target-only's step is the cheaper one the target-only engine runs")
 

@@ -73,6 +73,8 @@ SETUPS = {
     # a deferred step should launch what target-only's does, a plain one that plus the ingest
     "chain-5-plain": SpecConfig(drafter="eagle3", max_draft_len=5, adaptive=True),
     "chain-5-deferred": SpecConfig(drafter="eagle3", max_draft_len=5, adaptive=True),
+    # and the bare one, of a batch whose requests draft nothing (no drafter, no captured states, no path)
+    "chain-5-bare": SpecConfig(drafter="eagle3", max_draft_len=5, adaptive=True),
 }
 # not launches: views, metadata, the custom-op wrappers around Triton kernels (counted as kernels)
 NOT_LAUNCHES = {
@@ -213,7 +215,8 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
         engine.adaptive_rule.choose = lambda bucket, running, plain: False
         if key.endswith("-plain"):
             engine.defer_depth = None
-    engine.submit(list(range(1, 40)), SamplingParams(max_new_tokens=20, ignore_eos=True))
+    budget = 0 if key.endswith("-bare") else None  # a request that drafts nothing: the bare step
+    engine.submit(list(range(1, 40)), SamplingParams(max_new_tokens=20, ignore_eos=True, num_draft_tokens=budget))
     for _ in range(3):  # prefill, then steps: the counted one is a steady-state step
         engine.run_iteration()
     counter.counts.clear()

@@ -69,7 +69,7 @@ def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tm
         # the run's steps by (bucket, variant) add up to its steps and its step time
         assert sum(d["steps"] for d in r["buckets"]) >= 1, kind
         assert abs(sum(d["ms_per_step"] * d["steps"] for d in r["buckets"]) / 1e3 - r["step_s"]) < 1e-6, kind
-        assert {d["variant"] for d in r["buckets"]} <= ({"speculative", "plain", "deferred"} if kind == "adaptive"
+        assert {d["variant"] for d in r["buckets"]} <= ({"speculative", "plain", "deferred", "bare"} if kind == "adaptive"
                                                         else {"speculative"}), kind
         # each step's host timeline (before launch, launch, beside the device, wait, after) is its time
         for d in r["buckets"]:

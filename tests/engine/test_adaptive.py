@@ -50,7 +50,7 @@ def test_adaptive_greedy_output_equals_target_only(targets, target, draft, cfg):
     plain = _run(SpecDecoder(t, SpecConfig(**BASE, drafter="none")))
     dec = SpecDecoder.from_pretrained(t, head, SpecConfig(**BASE, **cfg, adaptive=True))
     dec.warmup(progress=False)
-    variants = ["deferred", "plain", "speculative"] if draft in ("eagle3", "oracle") else ["plain", "speculative"]
+    variants = ["bare", "deferred", "plain", "speculative"] if draft in ("eagle3", "oracle") else ["plain", "speculative"]
     assert sorted(dec.engine.adaptive_rule.costs.warm) == [(b, v) for b in (1, 2) for v in variants]
     assert _run(dec) == plain
 
@@ -61,7 +61,7 @@ class PlantedCosts(StepCosts):
 
     def __init__(self, speculative: float, plain: float) -> None:
         super().__init__()
-        self.fixed = {"speculative": speculative, "plain": plain, "deferred": plain}
+        self.fixed = {"speculative": speculative, "plain": plain, "deferred": plain, "bare": plain}
 
     def __call__(self, bucket, variant):
         return self.fixed[variant]

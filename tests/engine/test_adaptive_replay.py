@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.engine.adaptive import DEFERRED, EXPLORE_SHARE, PLAIN, SPECULATIVE
+from specdec.engine.adaptive import BARE, DEFERRED, EXPLORE_SHARE, PLAIN, SPECULATIVE
 from specdec.engine.adaptive_replay import StepTimes, replay, replay_warm
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -45,7 +45,7 @@ def test_fixed_policies_emit_every_token_in_the_steps_they_should():
     assert plain.tokens == 36
     # 3 requests, 2 slots: 12 steps for two, then 12 for the third; a path holds D + 1 = 6 rows,
     # so every 6th step of a request ingests (plain), the rest defer
-    assert plain.steps == {SPECULATIVE: 0, PLAIN: 4, DEFERRED: 20}
+    assert plain.steps == {SPECULATIVE: 0, PLAIN: 4, DEFERRED: 20, BARE: 0}
     assert plain.seconds == 4 * 2.0 + 20 * 1.0
     spec = replay([[5]], times, batch=2, new_tokens=12, requests=3, policy="always")
     assert spec.tokens == 36 and spec.steps[SPECULATIVE] == 4  # 6 tokens a step: 2 steps each, 2 rounds
@@ -123,16 +123,17 @@ def test_with_a_head_never_right_probes_cost_at_most_the_exploration_share(times
 def test_with_a_head_never_right_requests_come_in_without_the_drafter_and_beat_the_plain_policy(times, batch):
     """The same head, its requests admitted after a warm-up: most come in without the drafter
     (it pays in no bucket), so the ingesting plain steps (+6-10% over a deferred one at these
-    times) run only for the few admitted to explore. With every request drafting, a fixed plain
-    policy runs one ingest per D + 1 steps; the rule beats it (at 12501d9's rule it could not:
-    0.998-1.000x)."""
+    times) run only for the few admitted to explore, and while none of those runs the step is
+    the bare one (priced here at the cheaper of the deferred and target-only steps). With every
+    request drafting, a fixed plain policy runs one ingest per D + 1 steps; the rule beats it
+    (at 12501d9's rule it could not: 0.998-1.000x)."""
     kw = dict(batch=batch, new_tokens=64, requests=2 * batch)
     plain = replay([[0]], times, policy="never", **kw)
     warm = replay([[0]], times, policy="adaptive", **dict(kw, new_tokens=8))  # as `replay_warm`, counted apart
     warm.rule.admissions = {True: 0, False: 0}
     adaptive = replay([[0]], times, policy="adaptive", rule=warm.rule, **kw)
     assert adaptive.rule.admissions[False] >= 3 * adaptive.rule.admissions[True] > 0
-    assert adaptive.steps[PLAIN] <= plain.steps[PLAIN] / 2, (adaptive.steps, plain.steps)
+    assert adaptive.steps[PLAIN] <= plain.steps[PLAIN] / 2 and adaptive.steps[BARE] > 0, (adaptive.steps, plain.steps)
     assert adaptive.tokens_per_second > 1.003 * plain.tokens_per_second
 
 

@@ -143,8 +143,9 @@ def test_a_request_that_drafts_nothing_skips_the_drafters_prompt_pass_and_stays_
 
 
 def test_a_request_that_drafts_nothing_never_holds_back_the_adaptive_deferral(solo_runs):
-    """Adaptive steps with every request at budget 0: the plain steps are all deferred (the
-    drafter has nothing to keep current) and no speculative probe is run (nothing to observe)."""
+    """Adaptive steps with every request at budget 0: every plain step is the bare one (no
+    drafter, no captured states, no path: the drafter has nothing to keep current) and no
+    speculative probe is run (nothing to observe)."""
     dec = _decoder(solo_runs, max_draft_len=3, adaptive=True)
     dec.warmup()  # the step times the rule weighs
     prompts, lengths = solo_runs["prompts"][:4], solo_runs["lengths"][:4]
@@ -153,15 +154,15 @@ def test_a_request_that_drafts_nothing_never_holds_back_the_adaptive_deferral(so
     variants = {variant for (_, variant) in dec.engine.step_times.by_bucket}
     rule = dec.engine.adaptive_rule
     assert rule.probes == 0 and rule.decisions[True] == 0, (rule.decisions, rule.probes)
-    assert variants == {"deferred"}, variants
+    assert variants == {"bare"}, variants
 
 
 def test_adaptive_admits_requests_without_the_drafter_when_it_pays_in_no_bucket_and_stays_exact(solo_runs):
     """Planted: every bucket's speculative step 10x its plain one and a pool that has seen
     nothing accepted. Requests are admitted without their drafter (no prompt pass: the
-    drafter's rows are the explored requests' prompts alone), every plain step is deferred
+    drafter's rows are the explored requests' prompts alone), every plain step is the bare one
     while no admitted request drafts, and the output is the target's."""
-    from specdec.engine.adaptive import DEFERRED, PLAIN, SPECULATIVE
+    from specdec.engine.adaptive import BARE, DEFERRED, PLAIN, SPECULATIVE
 
     dec = _decoder(solo_runs, max_draft_len=3, adaptive=True)
     dec.warmup()
@@ -184,7 +185,8 @@ def test_adaptive_admits_requests_without_the_drafter_when_it_pays_in_no_bucket_
     assert sum(rows) == sum(len(r.prompt) for r in drafted)
     assert rule.decisions[True] == 0  # never speculated (10x dearer)
     steps = {variant: n for (_, variant), (n, _, _) in dec.engine.step_times.by_bucket.items()}
-    assert steps.get(DEFERRED, 0) > 4 * steps.get(PLAIN, 0), steps  # the one drafting request's ingests alone
+    assert steps.get(BARE, 0) + steps.get(DEFERRED, 0) > 4 * steps.get(PLAIN, 0), steps  # the explorer's ingests alone
+    assert steps.get(BARE, 0) > 0, steps  # while no running request drafts
     assert _all_blocks_free(dec)
 
 

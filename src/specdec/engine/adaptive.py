@@ -55,7 +55,11 @@ costs what target-only steps cost. Per step it picks
   stick, so every so many such admissions one is admitted with its drafter, at the probes'
   doubling schedule (FIRST_INTERVAL .. MAX_INTERVAL admissions; back to the first once
   drafting pays somewhere). A head that pays in some bucket (SmolLM2's at batch 1) keeps
-  every request's drafter: the batch may shrink to that bucket later.
+  every request's drafter: the batch may shrink to that bucket later. The comparison is with
+  the plain steps a drafting request runs: priced against the bare step below, the pool's
+  dips in a good head's acceptance turned requests away for good (0.94x the better fixed
+  choice at batch 4 in the SmolLM2 replay). While no running request drafts, the plain step
+  is `bare`: no drafter, no captured states, no path (a target-only step's work).
 
 The per-slot draft budget is not a candidate of its own: one captured graph serves every
 budget of a bucket at one cost, so a request's own budget (`num_draft_tokens`) is always
@@ -72,9 +76,11 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import is_, mul
 
-__all__ = ["AdaptiveRule", "Decision", "DecisionLog", "DepthAcceptance", "StepCosts", "SPECULATIVE", "PLAIN", "DEFERRED"]
+__all__ = ["AdaptiveRule", "Decision", "DecisionLog", "DepthAcceptance", "StepCosts", "SPECULATIVE", "PLAIN", "DEFERRED",
+           "BARE"]
 
 SPECULATIVE, PLAIN, DEFERRED = "speculative", "plain", "deferred"  # the step variants
+BARE = "bare"  # the plain step of a batch whose every request drafts nothing: no drafter, no captured states
 
 FORGET = 0.7  # a request's per-depth counts decay by this per step (half-life ~2 steps)
 POOL_FORGET = 0.98  # the engine-wide prior forgets slowly (half-life ~35 observations)
@@ -280,7 +286,8 @@ class AdaptiveRule:
 
     def choose(self, bucket: int, running: list, plain: str = PLAIN) -> bool:
         """True: run the speculative step for `running` (the requests in `bucket`); False: the
-        plain step that is due (`plain`: PLAIN, or DEFERRED while the drafter may skip)."""
+        plain step that is due (`plain`: PLAIN, DEFERRED while the drafter may skip, or BARE
+        when no request of the batch drafts)."""
         self._step += 1
         summed = self._summed  # the last folded step's requests and their expected tokens, summed beside the device
         if summed is not None and len(summed[0]) == len(running) and all(map(is_, summed[0], running)):
@@ -328,6 +335,9 @@ class AdaptiveRule:
         if not buckets:  # no step timed yet (before `warmup()`): nothing says it does not pay
             return True
         for bucket in buckets:
+            # against the plain steps a drafting request runs (not BARE's: priced against the target's step
+            # alone, the pool's dips in a good head's acceptance turned away requests for good, 0.94x at batch 4
+            # in the SmolLM2 replay)
             plain = [self.costs(bucket, v) for v in (PLAIN, DEFERRED) if (bucket, v) in known]
             if not plain or tokens * min(plain) > self.costs(bucket, SPECULATIVE):
                 return True

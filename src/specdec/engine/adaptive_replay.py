@@ -7,7 +7,8 @@ H200) and whose accepted lengths come from traces (each request's accepted lengt
 speculative step, recorded from a run that always speculated). The rule is called in the
 engine's order (choose, fold the last step's acceptance after the launch, then the measured
 time and the acceptance of this step), and the plain step due is `deferred` while every path
-stays within the drafter's depth, else `plain` (the drafter ingests), as in the engine. A
+stays within the drafter's depth, else `plain` (the drafter ingests), as in the engine; `bare`
+when no running request drafts (priced at `StepTimes.bare`, default the target-only step). A
 request is admitted with or without its drafter as the engine admits it
 (`AdaptiveRule.admit_with_drafter`); the draft prompt pass it saves is not priced here.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .adaptive import DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance
+from .adaptive import BARE, DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance
 
 __all__ = ["StepTimes", "ReplayRun", "replay", "replay_warm", "POLICIES"]
 
@@ -44,13 +45,18 @@ class StepTimes:
     plain: float  # the plain step that runs the drafter's ingest
     deferred: float  # the plain step that skips the drafter
     target_only: float | None = None  # a target-only engine's step (no drafter at all), for the baseline
+    # the bare plain step (no request of the batch drafts); None: the cheaper of target_only's and deferred's
+    # (unmeasured: it runs what a target-only step runs, and less than a deferred one)
+    bare: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("spec", "plain", "deferred") + (() if self.target_only is None else ("target_only",)):
-            if not getattr(self, name) > 0:
+        for name in ("spec", "plain", "deferred", "target_only", "bare"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"StepTimes.{name}={getattr(self, name)} must be > 0 seconds")
 
     def of(self, variant: str) -> float:
+        if variant == BARE:
+            return self.bare if self.bare is not None else min(self.deferred, self.target_only or self.deferred)
         return {SPECULATIVE: self.spec, PLAIN: self.plain, DEFERRED: self.deferred}[variant]
 
 
@@ -70,7 +76,7 @@ class ReplayRun:
 
     tokens: int = 0
     seconds: float = 0.0
-    steps: dict[str, int] = field(default_factory=lambda: {SPECULATIVE: 0, PLAIN: 0, DEFERRED: 0})
+    steps: dict[str, int] = field(default_factory=lambda: {SPECULATIVE: 0, PLAIN: 0, DEFERRED: 0, BARE: 0})
     probes: int = 0
     rule: AdaptiveRule | None = None  # the adaptive rule after the run (pass it to a later replay: warm estimates)
 
@@ -125,7 +131,7 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
     elif rule.max_depth != depth:
         raise ValueError(f"the rule drafts to depth {rule.max_depth}, the replay to depth={depth}")
     for bucket, bucket_times in buckets.items():  # warm-up times: the planted ones
-        for variant in (SPECULATIVE, PLAIN, DEFERRED):
+        for variant in (SPECULATIVE, PLAIN, DEFERRED, BARE):
             rule.costs.record(bucket, variant, [bucket_times.of(variant)])
     run, running = ReplayRun(rule=rule if policy == "adaptive" else None), []
     while queue or running:
@@ -137,6 +143,8 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
         bucket = next(b for b in buckets if b >= len(running))  # the smallest graph that holds them
         can_defer = all(r.budget == 0 or (r.path is not None and r.path + 1 <= depth) for r in running)
         plain = DEFERRED if can_defer else PLAIN
+        if policy == "adaptive" and not any(r.budget for r in running):
+            plain = BARE  # no request of the batch drafts: the target's step alone, as in the engine
         if policy == "adaptive":
             speculative = rule.choose(bucket, running, plain)
             run.probes += rule.last.probe

@@ -15,6 +15,8 @@ copy, no branching on tensor values, no `torch.Generator` (draws are counter-bas
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..compile_scope import compile_private
@@ -99,13 +101,21 @@ class DeviceStep:
     """
 
     def __init__(self, strategies: Strategies, runner, state: StepState, *, compiled: bool = False,
-                 plain: bool = False, defer: bool = False) -> None:
+                 plain: bool = False, defer: bool = False, bare: bool = False) -> None:
         self.strategies = strategies
         self.runner = runner
         self.plain = plain  # the adaptive engine's plain step: ingest only, the target verifies the root
         self.defer = defer  # plain, and the drafter does not run: the token joins the path it ingests later
-        if defer and not plain:
-            raise ValueError("defer=True is a kind of plain step; pass plain=True too")
+        # plain with nothing for a drafter: no drafter, no captured states, no path (a batch whose
+        # every request drafts nothing: a target-only step's work)
+        self.bare = bare
+        if (defer or bare) and not plain:
+            raise ValueError("defer=True and bare=True are kinds of plain step; pass plain=True too")
+        if defer and bare:
+            raise ValueError("a plain step is deferred (its token joins the drafter's path) or bare (no path), not both")
+        # a runner without verify(capture=...) (the `TargetRunner` protocol does not ask for it) still computes
+        # the drafter states a bare step drops
+        self._verify_kw = dict(capture=False) if bare and _takes_capture(runner) else {}
         self.host_drafter = strategies.drafter_caps.runs_on_host
         self.needs_draws = not strategies.verifier_caps.greedy_only  # a greedy walk draws nothing
         self.uniforms = compile_private(counter_uniforms, dynamic=True, fullgraph=True) if compiled else counter_uniforms
@@ -179,12 +189,15 @@ class DeviceStep:
 
         s, active = self.strategies, state.active
         B = state.root_tokens.shape[0]
-        if not self.host_drafter and not self.defer:  # host drafters ingest on the host (`propose_host`)
+        if not self.host_drafter and not self.defer and not self.bare:  # host drafters ingest on the host
             s.drafter.propose(state, max_kv_len=kv_len, draft=False)
         tokens = state.root_tokens[:, None]  # [B, 1]
         tree = state.tree1  # the root-only tree, built once (`__init__`)
         self._mark(timer, "draft")
-        logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len)
+        logits, captured = self.runner.verify(tokens, tree, state.committed_len, torch.where(active, 1, 0), kv_len,
+                                              **self._verify_kw)
+        if self.bare:
+            captured = None  # nothing reads the path's states
         self._mark(timer, "verify")
         u = None  # [B, 1, 2] node 0's lanes of the step's draws
         if self.needs_draws:
@@ -207,4 +220,11 @@ class DeviceStep:
         self.advance(state.active, state.accept_length, state.accept_tokens, state.root_tokens, state.committed_len,
                      state.hidden_path, state.handoff, accept_nodes, accept_tokens, accept_length, captured)
 
+
+def _takes_capture(runner) -> bool:
+    """Whether `runner.verify` takes `capture=` (the built-in `TargetRunner` does)."""
+    try:
+        return "capture" in inspect.signature(runner.verify).parameters
+    except (TypeError, ValueError):
+        return False
 

@@ -187,18 +187,20 @@ class ModelRunner:
         committed_len: torch.Tensor,
         num_nodes: torch.Tensor,
         kv_len: int | None = None,
+        capture: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens [B, N] -> (logits [B, N, V] float32, drafter states [B, N, width] or None).
 
         Row b is request slot b (B = the step's batch bucket). kv_len: static bound on
-        committed_len + N over active slots (keys to scan); None = max_seq_len.
+        committed_len + N over active slots (keys to scan); None = max_seq_len. capture=False:
+        no drafter states (None; a step no drafter reads).
         """
         batch = tree_batch(self.cache, committed_len, tree, num_nodes, max_kv_len=kv_len)
-        tap = None if self.capture is None else LayerTap(self.capture.layers)  # no buffer round trip
+        tap = None if self.capture is None or not capture else LayerTap(self.capture.layers)  # no buffer round trip
         out = self.model(tokens, batch.positions, self.cache, batch, capture=tap)
         hidden = None
         if tap is not None:
             hidden = tap.stacked()  # [B, N, d*nc]; padding rows unused
-        elif self.keep_last_hidden:
+        elif self.keep_last_hidden and capture:
             hidden = out.last_hidden  # [B, N, d]
         return out.logits, hidden
