@@ -270,9 +270,13 @@ class AdaptiveRule:
 
     def depth_limit(self, request) -> int:
         """How deep `request`'s draft budget lets a step draft."""
-        if request.budget == self.full_budget:
+        return self._budget_depth(request.budget)
+
+    def _budget_depth(self, budget: int) -> int:
+        """How deep a draft budget of `budget` tokens lets a step draft."""
+        if budget == self.full_budget:
             return self.max_depth
-        return min(request.budget, self.max_depth)  # a tree's k drafts reach at most depth k
+        return min(budget, self.max_depth)  # a tree's k drafts reach at most depth k
 
     def estimate(self, request) -> "DepthAcceptance":
         if request.acceptance is None:
@@ -328,8 +332,7 @@ class AdaptiveRule:
         """Whether a fresh request of `budget` drafts (the pool's acceptance) would make a
         speculative step beat the cheapest plain step due in some batch bucket with known costs:
         E[tokens] / spec seconds > 1 / plain seconds for a batch of such requests."""
-        limit = self.max_depth if budget == self.full_budget else min(budget, self.max_depth)
-        tokens = self.pool.expected_tokens(limit)
+        tokens = self.pool.expected_tokens(self._budget_depth(budget))
         known = self.costs.warm.keys() | self.costs.live.keys()
         buckets = {b for b, v in known if v == SPECULATIVE}
         if not buckets:  # no step timed yet (before `warmup()`): nothing says it does not pay

@@ -94,12 +94,13 @@ class Prefill:
         drafted = False  # the drafter's chunks in one forward too, when it can (`prefill_many`)
         drafting = [i for i, r in enumerate(group) if r.budget != 0]  # a request that drafts nothing skips it
         if hidden is not None and drafting and hasattr(self.strategies.drafter, "prefill_many"):
+            def pick(items: list) -> list:  # the drafting requests' entries
+                return [items[i] for i in drafting]
+
             try:
-                nexts = self._next_tokens_many([group[i] for i in drafting], [seqs[i] for i in drafting],
-                                               [starts[i] for i in drafting], [ends[i] for i in drafting],
+                nexts = self._next_tokens_many(pick(group), pick(seqs), pick(starts), pick(ends),
                                                {j: first[i] for j, i in enumerate(drafting) if i in first})
-                self.strategies.drafter.prefill_many([group[i].slot for i in drafting], nexts,
-                                                     [hidden[i] for i in drafting], [starts[i] for i in drafting])
+                self.strategies.drafter.prefill_many([r.slot for r in pick(group)], nexts, pick(hidden), pick(starts))
                 drafted = True
             except Exception:  # retried request by request below
                 drafted = False
