@@ -233,19 +233,28 @@ def test_a_thousand_tokens_after_warmup_capture_and_compile_nothing_new(request)
 @cuda_only
 @pytest.mark.parametrize("name", ["eagle3-chain", "eagle3-tree", "mtp-oracle-chain"])
 def test_adaptive_steps_in_cuda_graphs_give_the_eager_tokens(request, name):
-    """Adaptive: three captured variants per bucket (speculative, plain, deferred plain),
-    switched by a seeded coin so every variant follows every other; tokens equal the eager
-    (fixed) decoder's and no step syncs with the host."""
+    """Adaptive: four captured variants per bucket (speculative, plain, deferred plain, and
+    the bare plain step while no running request drafts), switched by a seeded coin so every
+    variant follows every other; requests admitted with and without their drafter in a set
+    pattern (the first batch ends with one undrafted request running alone, the second has no
+    drafter at all: bare steps); tokens equal the eager (fixed) decoder's and no step syncs
+    with the host."""
+    import itertools
     import random
+
+    from specdec.engine.adaptive import BARE
 
     eager = run(decoder(request, name, compile=False, cuda_graphs=False))
     dec = decoder(request, name, compile=True, cuda_graphs=True, adaptive=True)
     dec.warmup(progress=False)
-    assert dec.engine.capture_count == 3 * len(dec.config.batch_buckets)
-    coin = random.Random(3)
-    dec.engine.adaptive_rule.choose = lambda bucket, running, plain: coin.random() < 0.4
+    assert dec.engine.capture_count == 4 * len(dec.config.batch_buckets)
+    rule = dec.engine.adaptive_rule
+    coin, drafts, due = random.Random(3), itertools.cycle([False, False, True, False, False]), []
+    rule.admit_with_drafter = lambda budget: next(drafts)
+    rule.choose = lambda bucket, running, plain: due.append(plain) or coin.random() < 0.4
     dec.engine.check_syncs = True
     assert run(dec) == eager
+    assert BARE in due and len(set(due)) >= 2, due
 
 
 @pytest.mark.parametrize("name", ["target-only", "eagle3-chain"])
