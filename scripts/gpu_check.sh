@@ -51,6 +51,10 @@ part() {  # part NAME SECONDS LOG CMD...: run one part under a time limit; its t
   echo "== $name: $result ($((SECONDS - t0)) s) ${summary}"
 }
 rm -f "$out"/*.row
+failures() {  # failures LOG: each failed test's header and its first assertion lines (pytest's "E" lines)
+  awk '/^___+ .* ___+$/ {name = $0; shown = 0; next}
+       /^E / && shown < 8 {if (shown == 0) print "\n" name; print "    " $0; shown++}' "$1" | head -100
+}
 # Without the GGUF (not all parts carried yet) the smokes cannot run: say so, run the CUDA tests
 # anyway (they need no GGUF), and call the check incomplete rather than failed. ($gguf, $have and
 # $want: scripts/gpu_setup.sh, sourced above.)
@@ -75,7 +79,8 @@ rm -f "$out/tests_gpu.jsonl"  # every test call's outcome, written as it ends (s
 # below, so pytest ends with its summary before the 330 s limit (at 0c679cb every test had
 # passed when the limit's SIGINT cut pytest-xdist's teardown, and the summary was lost).
 part "CUDA tests (pytest -m gpu, 8 workers)" 330 tests_gpu.log \
-  env SPECDEC_TEST_REPORT="$out/tests_gpu.jsonl" SPECDEC_TEST_DEADLINE=$(( $(date +%s) + 290 )) python -m pytest -q -p no:cacheprovider -m gpu -n 8 "${sched[@]}" --durations=15 tests/
+  env SPECDEC_TEST_REPORT="$out/tests_gpu.jsonl" SPECDEC_TEST_DEADLINE=$(( $(date +%s) + 290 )) python -m pytest -q -p no:cacheprovider -m gpu -n 8 "${sched[@]}" --durations=15 --log-level=WARNING tests/
+# (--log-level: a failing test's captured log held thousands of torch DEBUG lines at f3f176c)
 wait
 late=$(grep -c 'session deadline' "$out/tests_gpu.jsonl" 2>/dev/null)
 if [ "${late:-0}" -gt 0 ]; then  # not run is not passed
@@ -118,6 +123,10 @@ fi
   echo
   echo "Failed tests (if any):"
   grep -E "^(FAILED|ERROR) " "$out/tests_gpu.log" | head -30 || true
+  # why each failed, in CHECK.md itself: at f3f176c the logs did not come back (a call returns at
+  # most 8 files) and a second call had to rerun the failures to read their assertions
+  failures "$out/tests_gpu.log"
 } > "$out/CHECK.md"
+rm -f "$out"/*.row  # folded into CHECK.md: fewer files, so that the logs come back
 cat "$out/CHECK.md"
 exit $failed
