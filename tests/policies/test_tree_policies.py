@@ -29,6 +29,8 @@ from specdec.testing.kit import references_on_cpu
 from specdec.testing.oracles import PathTable, assert_follows, naive_dynamic
 from specdec.testing.strategies import choices
 
+from _readme import readme_policy_plugin
+
 pytestmark = pytest.mark.filterwarnings("ignore:drafter=.* accepts almost nothing")  # random heads, by design
 
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "third_party_plugin"
@@ -394,6 +396,18 @@ def test_the_example_binary_policy_decodes_losslessly(target, target_only, examp
     assert isinstance(dec.strategies.tree_policy, example_plugin.BinaryPolicy)
     assert dec.strategies.tree_policy.samples == (verifier == "speculative")
     assert_lossless(generate(dec), target_only, f"tree='binary' drafter={drafter} verifier={verifier}")
+
+
+def test_the_readme_binary_policy_decodes_losslessly(target, target_only):
+    """The README's copy of the example policy ("Write a tree policy", read from README.md),
+    registered as a user would, drafts trees through the EAGLE-3 drafter losslessly."""
+    plugin = readme_policy_plugin()
+    assert plugin.specdec_strategy_names() == {"tree": ["binary"]}
+    manager = pm()
+    manager.register(plugin)
+    dec = decoder(target, "eagle3", manager, tree="binary", max_draft_len=3, max_total_draft_tokens=14)
+    assert type(dec.strategies.tree_policy).__module__ == "readme_binary_policy"
+    assert_lossless(generate(dec), target_only, "the README's tree='binary'")
 
 
 @given(D=st.integers(1, 5), B=st.integers(1, 3), samples=st.booleans(),
