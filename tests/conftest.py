@@ -75,6 +75,17 @@ def installed_example_plugin(tmp_path, monkeypatch):
 # head reseeds and draws from) is where it was. Nothing here is shared between modules.
 
 
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """The real SmolLM2-135M-Instruct: (its GGUF, the converted folder). Reuses $SPECDEC_CACHE
+    when set, else converts once per test session (per xdist worker) into a temporary cache."""
+    from specdec.models import convert_gguf, smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    root = None if os.environ.get("SPECDEC_CACHE") else tmp_path_factory.mktemp("specdec_cache")
+    return gguf, convert_gguf(gguf, root=root)
+
+
 @pytest.fixture(scope="module")
 def tiny_llama3_with_hf(tmp_path_factory):
     """(folder, transformers model) of a tiny random Llama: `_tiny_models` defaults (3 layers,

@@ -12,7 +12,6 @@ contain), so an edit that breaks one fails here:
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -22,9 +21,9 @@ from _readme import python_block, readme_policy_plugin
 
 
 @pytest.mark.slow  # the real 135M model (`pytest -m "not slow"` leaves it out)
-def test_the_composition_and_streaming_examples_run(tmp_path, monkeypatch, capsys):
-    if not os.environ.get("SPECDEC_CACHE"):  # the GGUF's converted folder: not the user's cache
-        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+def test_the_composition_and_streaming_examples_run(smollm2, monkeypatch, capsys):
+    _, folder = smollm2
+    monkeypatch.setenv("SPECDEC_CACHE", str(folder.parent.parent))  # the session's converted folder, not the user's cache
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the ops' torch references (interpreted kernels: their own suites)
     scope: dict = {}
     exec(compile(python_block("SpecDecoder.from_pretrained(smollm2_gguf_path()"), "README: compose", "exec"), scope)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from _tiny_models import DEVICE, run_decode, run_prefill, spec_config
 
-from specdec.models import convert_gguf, load_target, smollm2_gguf_path
+from specdec.models import convert_gguf, load_target
 
 pytestmark = pytest.mark.slow  # the real 135M model: `pytest -m "not slow"` leaves this file out
 PROMPTS = [
@@ -17,15 +15,6 @@ PROMPTS = [
     "Explain why the sky is blue in two sentences.",
 ]
 NEW_TOKENS = 24
-
-
-@pytest.fixture(scope="session")
-def smollm2(tmp_path_factory):
-    """The converted folder: reuses $SPECDEC_CACHE when set, else converts once per test session."""
-    gguf = smollm2_gguf_path()
-    root = None if os.environ.get("SPECDEC_CACHE") else tmp_path_factory.mktemp("specdec_cache")
-    folder = convert_gguf(gguf, root=root)
-    return gguf, folder
 
 
 def _chat_ids(tokenizer, text: str) -> list[int]:
