@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specdec.engine.adaptive import DEFERRED, EXPLORE_SHARE, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
+from specdec.engine.adaptive import BARE, DEFERRED, EXPLORE_SHARE, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
 
 D = 4  # draft depth of the planted engine (a chain: N - 1 = 4 drafts)
 
@@ -438,3 +438,77 @@ def test_before_any_step_is_timed_every_request_keeps_its_drafter():
     rule = AdaptiveRule(D, chain=True, full_budget=D)
     never_accepted_pool(rule)
     assert rule.drafting_pays_somewhere(D) is True and rule.admit_with_drafter(D) is True
+
+
+# ----------------------------------------------------------------------------- host work per step
+def test_a_choice_after_requests_came_and_went_reads_the_folded_figures_and_equals_a_fresh_sum():
+    """`fold(upcoming)` keeps each upcoming request's expected tokens; a choice over a batch
+    where some finished and others arrived reads those figures for the ones still there and
+    derives the rest: the same total a sum over every request gives, to the last bit."""
+    rule = planted_rule(2.0, 1.0)
+    a, b, c = Req(), Req(), Req(budget=2)
+    rule.observe_later([a, b, c], [3, 0, 2])
+    rule.fold([a, b, c])
+    assert rule._summed[2] == {id(r): rule.expected_tokens(r) for r in (a, b, c)}
+    d, e = Req(), Req(budget=0)  # arrived: no estimate yet, and one that drafts nothing
+    rule.choose(4, [c, d, a, e])  # b finished
+    assert rule.last.tokens[True] == sum(rule.expected_tokens(r) for r in (c, d, a, e))
+    assert rule.expected_tokens(e) == 1.0
+
+
+def test_a_request_without_evidence_expects_exactly_what_the_pool_does():
+    """A request that has drafted nothing yet is priced from the pool's cached estimate: equal
+    to its own estimate once built (two pseudo-observations of the pool and no counts)."""
+    rule = planted_rule(2.0, 1.0)
+    seen = Req()
+    for length in (4, 1, 0, 3, 2):
+        rule.observe(seen, length)
+    for budget in (D, 2, 1):
+        fresh = Req(budget=budget)
+        want = DepthAcceptance(D, 0.7, prior=rule.pool).expected_tokens(rule.depth_limit(fresh))
+        assert rule.expected_tokens(fresh) == want and fresh.acceptance is None
+
+
+def test_a_bare_step_due_prices_speculating_at_one_token_per_request():
+    """BARE is due only when no running request drafts: a speculative step would emit one
+    token per request, as the plain one, so the choice is plain at any acceptance."""
+    rule = planted_rule(2.0, 1.0)
+    rule.costs.record(4, BARE, [0.9])
+    requests = [Req(budget=0) for _ in range(3)]
+    assert rule.choose(4, requests, BARE) is False
+    assert rule.last.tokens == {True: 3.0, False: 3.0} and rule.last.plain == BARE
+
+
+def test_the_admission_answer_is_kept_until_the_pool_or_the_costs_move():
+    """Admissions between two steps share one answer; a new observation or step time asks again."""
+    rule = AdaptiveRule(D, chain=True, full_budget=D)
+    rule.costs.record(4, SPECULATIVE, [3.0])
+    rule.costs.record(4, PLAIN, [1.0])
+    never = Req()
+    for _ in range(30):
+        rule.observe(never, 0)  # the pool: drafts are never accepted
+    assert rule.drafting_pays_somewhere(D) is False
+    cached = rule._pays
+    assert rule.drafting_pays_somewhere(D) is False and rule._pays is cached
+    rule.costs.update(4, PLAIN, 1.0)
+    rule.costs.update(4, SPECULATIVE, 0.5)  # speculating got cheaper than a plain step: it pays now
+    assert rule.drafting_pays_somewhere(D) is True
+    for _ in range(3):
+        rule.costs.update(4, SPECULATIVE, 3.0)
+    assert rule.drafting_pays_somewhere(D) is False
+
+
+def test_a_variant_not_yet_live_drifts_with_the_median_of_its_buckets_live_ratios():
+    """Before a variant has run live its cost is its warm-up time times the median live/warm
+    ratio of its bucket's other variants (kept per bucket, not re-derived on every read)."""
+    costs = StepCosts()
+    costs.record(4, SPECULATIVE, [2.0])
+    costs.record(4, PLAIN, [1.0])
+    costs.record(4, DEFERRED, [0.8])
+    costs.record(16, PLAIN, [5.0])
+    assert costs(4, DEFERRED) == 0.8
+    costs.update(4, SPECULATIVE, 3.0)  # 1.5x its warm-up
+    assert costs(4, DEFERRED) == pytest.approx(0.8 * 1.5) and costs(16, PLAIN) == 5.0
+    costs.update(4, PLAIN, 1.1)  # 1.1x: the median of (1.5, 1.1) is 1.3
+    assert costs(4, DEFERRED) == pytest.approx(0.8 * 1.3)
+    assert costs(4, PLAIN) == 1.1 and costs(4, SPECULATIVE) == 3.0

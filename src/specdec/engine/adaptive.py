@@ -184,10 +184,17 @@ class StepCosts:
     # estimates a step, and re-deriving every median (statistics.median, the drift ratio) on
     # each read cost ~7 us of the step's host time before the launch
     _live_median: dict[tuple[int, str], float] = field(default_factory=dict, repr=False)
+    # bucket -> median of live / warm-up over its variants that ran live (how far its live steps
+    # drift), kept current by `record` and `update`: an admission reads every bucket's estimates
+    # (`AdaptiveRule.drafting_pays_somewhere`), 34 us each when they were re-derived per read
+    _drift: dict[int, float] = field(default_factory=dict, repr=False)
+    _ratios: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)  # bucket -> {variant: live / warm}
+    version: int = 0  # bumped by every `record` / `update`: a cache key for answers built on these costs
 
     def record(self, bucket: int, variant: str, samples: list[float]) -> None:
         """Warm-up: `samples` seconds of the variant on idle slots."""
         self.warm[(bucket, variant)] = statistics.median(samples)
+        self._update_drift(bucket, variant)
 
     def update(self, bucket: int, variant: str, seconds: float) -> None:
         """A live step's host time (step start to hand-off)."""
@@ -199,6 +206,20 @@ class StepCosts:
         ordered = sorted(q)
         n = len(ordered)
         self._live_median[key] = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        self._update_drift(bucket, variant)
+
+    def _update_drift(self, bucket: int, variant: str) -> None:
+        """`bucket`'s drift after (bucket, variant) changed (at most one ratio per variant: a short sort)."""
+        self.version += 1
+        key = (bucket, variant)
+        live, warm = self._live_median.get(key), self.warm.get(key)
+        if live is None or warm is None:
+            return
+        ratios = self._ratios.setdefault(bucket, {})
+        ratios[variant] = live / warm
+        ordered = sorted(ratios.values())
+        n = len(ordered)
+        self._drift[bucket] = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
     def __call__(self, bucket: int, variant: str) -> float:
         key = (bucket, variant)
@@ -207,9 +228,7 @@ class StepCosts:
             return live
         if key not in self.warm:
             raise KeyError(f"no step time for bucket {bucket} ({variant}): call warmup() first")
-        # live / warm-up of the variants of this bucket that ran live: how far live steps drift
-        ratios = [m / self.warm[k] for k, m in self._live_median.items() if k[0] == bucket and k in self.warm]
-        return self.warm[key] * (statistics.median(ratios) if ratios else 1.0)
+        return self.warm[key] * self._drift.get(bucket, 1.0)
 
     def table(self) -> list[tuple]:
         """(bucket, {variant: seconds}) rows: the current estimates."""
@@ -262,7 +281,10 @@ class AdaptiveRule:
         self._step = 0  # choices made so far: step k is the k-th choice
         self._budget: dict[int, float] = {}  # bucket -> seconds its probes may still lose (`choose`, `measured`)
         self._folded = 0  # the last step whose acceptance the estimates hold
-        self._summed: tuple[list, float] | None = None  # (requests, sum of their expected tokens) at the last fold
+        # (requests, sum of their expected tokens, {id(request): its expected tokens}) at the last fold; the
+        # list keeps its requests alive, so no other request can hold one of the ids while it is kept
+        self._summed: tuple[list, float, dict[int, float]] | None = None
+        self._pays: tuple | None = None  # (budget, pool version, costs version, answer): `drafting_pays_somewhere`
         self._pending: tuple[int, list, list] | None = None  # (step, [(request, accepted length)], [idle request])
         self.admissions = {True: 0, False: 0}  # requests admitted with (True) and without (False) their drafter
         self._undrafted_run = 0  # admissions without the drafter since the last one with it
@@ -286,7 +308,9 @@ class AdaptiveRule:
     def expected_tokens(self, request) -> float:
         if request.budget == 0:
             return 1.0
-        return self.estimate(request).expected_tokens(self.depth_limit(request))
+        if request.acceptance is None:  # nothing observed yet: the estimate is the pool's (cached per its version)
+            return self.pool.expected_tokens(self.depth_limit(request))
+        return request.acceptance.expected_tokens(self.depth_limit(request))
 
     def choose(self, bucket: int, running: list, plain: str = PLAIN) -> bool:
         """True: run the speculative step for `running` (the requests in `bucket`); False: the
@@ -294,9 +318,18 @@ class AdaptiveRule:
         when no request of the batch drafts)."""
         self._step += 1
         summed = self._summed  # the last folded step's requests and their expected tokens, summed beside the device
-        if summed is not None and len(summed[0]) == len(running) and all(map(is_, summed[0], running)):
+        if plain == BARE:  # no running request drafts: a speculative step would emit what the plain one does
+            spec_tokens = float(len(running))
+        elif summed is not None and len(summed[0]) == len(running) and all(map(is_, summed[0], running)):
             spec_tokens = summed[1]
-        else:  # requests came or went since
+        elif summed is not None:  # requests came or went since: the folded figures of those still running
+            # (their estimates have not moved since the fold) and fresh ones for the rest; at batch 64 with
+            # requests finishing every step, re-deriving all of them took ~140 us before each launch (2-core CPU)
+            folded = list(map(summed[2].get, map(id, running)))
+            spec_tokens = sum(t for t in folded if t is not None)
+            if None in folded:
+                spec_tokens += sum(self.expected_tokens(r) for r, t in zip(running, folded) if t is None)
+        else:
             spec_tokens = sum(self.expected_tokens(r) for r in running)
         tokens = {True: spec_tokens, False: float(len(running))}
         seconds = {True: self.costs(bucket, SPECULATIVE), False: self.costs(bucket, plain)}
@@ -332,19 +365,23 @@ class AdaptiveRule:
         """Whether a fresh request of `budget` drafts (the pool's acceptance) would make a
         speculative step beat the cheapest plain step due in some batch bucket with known costs:
         E[tokens] / spec seconds > 1 / plain seconds for a batch of such requests."""
+        cached = self._pays  # the admissions between two steps see the same estimates: one answer for all
+        if cached is not None and cached[:3] == (budget, self.pool.version, self.costs.version):
+            return cached[3]
         tokens = self.pool.expected_tokens(self._budget_depth(budget))
         known = self.costs.warm.keys() | self.costs.live.keys()
         buckets = {b for b, v in known if v == SPECULATIVE}
-        if not buckets:  # no step timed yet (before `warmup()`): nothing says it does not pay
-            return True
+        pays = not buckets  # no step timed yet (before `warmup()`): nothing says it does not pay
         for bucket in buckets:
             # against the plain steps a drafting request runs (not BARE's: priced against the target's step
             # alone, the pool's dips in a good head's acceptance turned away requests for good, 0.94x at batch 4
             # in the SmolLM2 replay)
             plain = [self.costs(bucket, v) for v in (PLAIN, DEFERRED) if (bucket, v) in known]
             if not plain or tokens * min(plain) > self.costs(bucket, SPECULATIVE):
-                return True
-        return False
+                pays = True
+                break
+        self._pays = (budget, self.pool.version, self.costs.version, pays)
+        return pays
 
     def admit_with_drafter(self, budget: int) -> bool:
         """At a request's admission: True = with its drafter (its `budget`), False = without
@@ -404,9 +441,11 @@ class AdaptiveRule:
         self._pending = (self._step if step is None else step, list(zip(requests, accept_lengths, strict=True)),
                          list(idle))
 
-    def fold(self) -> None:
-        """Fold the pending step's acceptance into the estimates and precompute each of its
-        requests' expected tokens (the next choice then reads cached sums)."""
+    def fold(self, upcoming: list | None = None) -> None:
+        """Fold the pending step's acceptance into the estimates and precompute the expected
+        tokens of `upcoming` (default: the pending step's requests; the engine passes the
+        requests of the step it has just launched, the next choice's likely batch), so that the
+        next choice reads cached sums."""
         if self._pending is None:
             return
         step, observed, idle = self._pending
@@ -416,8 +455,10 @@ class AdaptiveRule:
         for request in idle:
             if request.budget != 0 and request.acceptance is not None:
                 request.acceptance.age()
-        requests = [request for request, _ in observed] + idle  # one of the two is empty: the step's requests
-        self._summed = (requests, sum(self.expected_tokens(r) for r in requests))
+        # default: the step's requests (one of the two lists is empty)
+        requests = list(upcoming) if upcoming is not None else [request for request, _ in observed] + idle
+        tokens = [self.expected_tokens(r) for r in requests]
+        self._summed = (requests, sum(tokens), dict(zip(map(id, requests), tokens)))
         self._folded = step
 
     def measured(self, bucket: int, variant: str, tokens: int, seconds: float, decision: "Decision | None" = None,

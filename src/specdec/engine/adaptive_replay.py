@@ -148,7 +148,7 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
         if policy == "adaptive":
             speculative = rule.choose(bucket, running, plain)
             run.probes += rule.last.probe
-            rule.fold()  # the engine folds the last step's acceptance right after the launch
+            rule.fold(running)  # the engine folds the last step's acceptance right after the launch
         else:
             speculative = policy == "always"
         variant = SPECULATIVE if speculative else plain

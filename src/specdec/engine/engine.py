@@ -361,7 +361,9 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
             else:  # the accepted length, known at the hand-off
                 for r in running:
                     self._path_len[r.slot] = None
-            self.adaptive_rule.fold()  # the last step's acceptance, folded in while the device runs this one
+            # the last step's acceptance, folded in while the device runs this one, and the expected tokens of
+            # this step's requests summed for the next choice
+            self.adaptive_rule.fold(running)
         decision = self.adaptive_rule.last if self.adaptive else None
         return _Inflight(b, variant, [(r.slot, r) for r in running], host, event, decision,
                          pending is not None, t0, t_launch, t_launched, time.perf_counter(), self._prefill_clock)
