@@ -512,3 +512,26 @@ def test_a_variant_not_yet_live_drifts_with_the_median_of_its_buckets_live_ratio
     costs.update(4, PLAIN, 1.1)  # 1.1x: the median of (1.5, 1.1) is 1.3
     assert costs(4, DEFERRED) == pytest.approx(0.8 * 1.3)
     assert costs(4, PLAIN) == 1.1 and costs(4, SPECULATIVE) == 3.0
+
+
+def test_an_exploring_admission_waits_for_a_batch_where_its_drafts_could_be_observed():
+    """A head that pays in no bucket: exploration is due at the 5th admission, but beside 15
+    undrafted requests (and none coming) even an explorer whose every draft were accepted
+    could not make a speculative step pay (15 + 5 tokens against 16 x 2.0 / 1.0): it would
+    never be observed. It waits, and the first admission into a batch where it could goes in
+    with its drafter. Without the batch (the old call) it explores at once."""
+    rule = planted_rule(2.0, 1.0, buckets=(4, 16))
+    never = Req()
+    for _ in range(30):
+        rule.observe(never, 0)
+    undrafted = [Req(budget=0) for _ in range(15)]
+    assert [rule.admit_with_drafter(D, (16, undrafted[:3], 0)) for _ in range(4)] == [False] * 4
+    assert rule.admit_with_drafter(D, (16, undrafted, 0)) is False  # due, but nothing could observe it
+    assert rule.admit_with_drafter(D, lambda: (16, undrafted[:12], 3)) is False  # 3 more come in beside it
+    assert rule._evidence_can_come(D, 4, undrafted[:2]) is True  # 2 + 5 tokens against 3 x 2.0
+    assert rule.admit_with_drafter(D, (4, undrafted[:2], 0)) is True
+    assert rule.admissions == {True: 1, False: 6}
+    old = planted_rule(2.0, 1.0, buckets=(4, 16))
+    for _ in range(30):
+        old.observe(never, 0)
+    assert [old.admit_with_drafter(D) for _ in range(5)] == [False] * 4 + [True]

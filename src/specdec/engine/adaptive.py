@@ -60,6 +60,11 @@ costs what target-only steps cost. Per step it picks
   dips in a good head's acceptance turned requests away for good (0.94x the better fixed
   choice at batch 4 in the SmolLM2 replay). While no running request drafts, the plain step
   is `bare`: no drafter, no captured states, no path (a target-only step's work).
+  An exploring admission waits for a batch where its evidence can come in: its drafts are
+  observed only on speculative steps. Beside many undrafted requests, no speculative step could
+  win even if the explorer's every draft were accepted. There it would only hold the batch in
+  deferred and ingesting steps for its whole life: on the H200, 8b-none at batch 16 / 64 ran
+  ~60 such steps of ~128 for one explorer, with no speculative step.
 
 The per-slot draft budget is not a candidate of its own: one captured graph serves every
 budget of a bucket at one cost, so a request's own budget (`num_draft_tokens`) is always
@@ -383,15 +388,21 @@ class AdaptiveRule:
         self._pays = (budget, self.pool.version, self.costs.version, pays)
         return pays
 
-    def admit_with_drafter(self, budget: int) -> bool:
+    def admit_with_drafter(self, budget: int, batch=None) -> bool:
         """At a request's admission: True = with its drafter (its `budget`), False = without
-        (budget 0), see the module docstring (**Admission**). `budget` 0 is always False."""
+        (budget 0), see the module docstring (**Admission**). `budget` 0 is always False.
+        `batch`: (the bucket the request joins, the other requests holding slots there, how many
+        waiting requests come in beside it now), or a function returning that triple (called
+        only when an exploration is due); without it an exploring admission does not ask whether
+        its evidence can come in."""
         if budget == 0:
             return False
         if self.drafting_pays_somewhere(budget):
             self._undrafted_run, self._admit_interval = 0, FIRST_INTERVAL
             choice = True
-        elif self._undrafted_run >= self._admit_interval:  # explore: new evidence for the pool
+        elif self._undrafted_run >= self._admit_interval and (
+                batch is None or self._evidence_can_come(budget, *(batch() if callable(batch) else batch))):
+            # explore: new evidence for the pool
             self._undrafted_run, self._admit_interval = 0, min(2 * self._admit_interval, MAX_INTERVAL)
             choice = True
         else:
@@ -399,6 +410,19 @@ class AdaptiveRule:
             choice = False
         self.admissions[choice] += 1
         return choice
+
+    def _evidence_can_come(self, budget: int, bucket: int, others: list, coming: int = 0) -> bool:
+        """Whether a speculative step of `bucket` could beat the plain step a drafting batch
+        runs there, beside `others` and `coming` requests admitted with it (without their
+        drafter: exploration is due only while drafting pays nowhere), were every draft of a
+        request of `budget` accepted. If not, the rule never speculates while it runs and its
+        drafts are never observed. Costs not known yet: nothing says no."""
+        known = self.costs.warm.keys() | self.costs.live.keys()
+        plain = [self.costs(bucket, v) for v in (PLAIN, DEFERRED) if (bucket, v) in known]
+        if (bucket, SPECULATIVE) not in known or not plain:
+            return True
+        tokens = sum(self.expected_tokens(r) for r in others) + coming + 1.0 + self._budget_depth(budget)
+        return tokens * min(plain) > (len(others) + coming + 1) * self.costs(bucket, SPECULATIVE)
 
     def _plain_could_win(self, bucket: int, plain: str, tokens: dict, seconds: dict) -> bool:
         """Whether the plain step would beat the speculative one at its lowest possible cost:

@@ -137,7 +137,9 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
     while queue or running:
         while queue and len(running) < batch:
             r = queue.pop()
-            if policy == "adaptive" and not rule.admit_with_drafter(r.budget):
+            coming = min(len(queue), batch - len(running) - 1)  # admitted beside it now, as in the engine
+            joins = next(b for b in buckets if b >= len(running) + 1 + coming)  # the bucket they fill
+            if policy == "adaptive" and not rule.admit_with_drafter(r.budget, (joins, running, coming)):
                 r.budget = 0  # admitted without its drafter, as the engine does (its prompt pass is not priced here)
             running.append(r)
         bucket = next(b for b in buckets if b >= len(running))  # the smallest graph that holds them

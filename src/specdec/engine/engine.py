@@ -247,10 +247,21 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         """The oldest waiting request takes the lowest free slot, if the pool can back its prompt."""
         request = self.scheduler.admit_next(self._back_prompt)
         if request is not None:
-            if self.adaptive and request.budget and not self.adaptive_rule.admit_with_drafter(request.budget):
+            if self.adaptive and request.budget and not self.adaptive_rule.admit_with_drafter(
+                    request.budget, lambda: self._joining(request)):
                 request.budget = 0  # a head that pays in no bucket: no draft prompt pass, nothing to keep current
             self._set_sampling(request.slot, request)
         return request is not None
+
+    def _joining(self, request: RequestState) -> tuple[int, list[RequestState], int]:
+        """(the batch bucket `request` joins, the other requests holding slots, how many waiting
+        requests take the free slots after it now): admissions fill the lowest free slots."""
+        slots = self.slots
+        others = [r for r in slots if r is not None and r is not request]
+        free = [i for i, r in enumerate(slots) if r is None]
+        coming = min(len(self.waiting), len(free))
+        last = max([r.slot for r in others] + [request.slot] + free[:coming])
+        return next(b for b in sorted(self.buckets) if b > last), others, coming
 
     # ------------------------------------------------------------------ the step
     def _bucket(self) -> int:
