@@ -221,6 +221,8 @@ def test_bench_rule_host_times_both_orders():
     assert set(t) == {"at once", "engine"}
     assert t["at once"][0] > 0 and t["at once"][1] == 0.0  # nothing overlapped when observing at once
     assert t["engine"][0] > 0 and t["engine"][1] > 0
+    churned = time_orders(batch=3, steps=5, churn=2)  # two requests replaced a step: still timed, both orders
+    assert churned["engine"][0] > 0 and churned["engine"][1] > 0
 
 
 def test_bench_engine_host_times_iterations_with_the_step_stubbed(tmp_path):
