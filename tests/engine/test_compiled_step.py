@@ -253,7 +253,7 @@ def test_adaptive_steps_in_cuda_graphs_give_the_eager_tokens(request, name):
     assert sorted(dec.engine.steps) == [BARE, DEFERRED, PLAIN, SPECULATIVE]
     rule = dec.engine.adaptive_rule
     coin, drafts, due = random.Random(3), itertools.cycle([False, False, True, False, False]), []
-    rule.admit_with_drafter = lambda budget: next(drafts)
+    rule.admit_with_drafter = lambda budget, batch=None: next(drafts)
     rule.choose = lambda bucket, running, plain: due.append(plain) or coin.random() < 0.4
     dec.engine.check_syncs = True
     assert run(dec) == eager
