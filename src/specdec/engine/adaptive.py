@@ -99,6 +99,12 @@ EXPLORE_SHARE = 0.0025  # a bucket's exploration budget grows by this share of i
 # (and by what speculating saved there)
 
 
+def _median_of_sorted(ordered: list[float]) -> float:
+    """The median of an already sorted, non-empty list (statistics.median re-sorts and checks: dearer per step)."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
 class DepthAcceptance:
     """Per-depth acceptance of one request (or the pool): p_d = P(depth d accepted | d - 1 was).
 
@@ -208,9 +214,7 @@ class StepCosts:
         if q is None:
             q = self.live[key] = deque(maxlen=WINDOW)
         q.append(seconds)
-        ordered = sorted(q)
-        n = len(ordered)
-        self._live_median[key] = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        self._live_median[key] = _median_of_sorted(sorted(q))
         self._update_drift(bucket, variant)
 
     def _update_drift(self, bucket: int, variant: str) -> None:
@@ -222,9 +226,7 @@ class StepCosts:
             return
         ratios = self._ratios.setdefault(bucket, {})
         ratios[variant] = live / warm
-        ordered = sorted(ratios.values())
-        n = len(ordered)
-        self._drift[bucket] = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        self._drift[bucket] = _median_of_sorted(sorted(ratios.values()))
 
     def __call__(self, bucket: int, variant: str) -> float:
         key = (bucket, variant)
@@ -378,11 +380,8 @@ class AdaptiveRule:
         buckets = {b for b, v in known if v == SPECULATIVE}
         pays = not buckets  # no step timed yet (before `warmup()`): nothing says it does not pay
         for bucket in buckets:
-            # against the plain steps a drafting request runs (not BARE's: priced against the target's step
-            # alone, the pool's dips in a good head's acceptance turned away requests for good, 0.94x at batch 4
-            # in the SmolLM2 replay)
-            plain = [self.costs(bucket, v) for v in (PLAIN, DEFERRED) if (bucket, v) in known]
-            if not plain or tokens * min(plain) > self.costs(bucket, SPECULATIVE):
+            plain = self._drafting_plain_seconds(bucket, known)
+            if plain is None or tokens * plain > self.costs(bucket, SPECULATIVE):
                 pays = True
                 break
         self._pays = (budget, self.pool.version, self.costs.version, pays)
@@ -418,11 +417,19 @@ class AdaptiveRule:
         request of `budget` accepted. If not, the rule never speculates while it runs and its
         drafts are never observed. Costs not known yet: nothing says no."""
         known = self.costs.warm.keys() | self.costs.live.keys()
-        plain = [self.costs(bucket, v) for v in (PLAIN, DEFERRED) if (bucket, v) in known]
-        if (bucket, SPECULATIVE) not in known or not plain:
+        plain = self._drafting_plain_seconds(bucket, known)
+        if (bucket, SPECULATIVE) not in known or plain is None:
             return True
         tokens = sum(self.expected_tokens(r) for r in others) + coming + 1.0 + self._budget_depth(budget)
-        return tokens * min(plain) > (len(others) + coming + 1) * self.costs(bucket, SPECULATIVE)
+        return tokens * plain > (len(others) + coming + 1) * self.costs(bucket, SPECULATIVE)
+
+    def _drafting_plain_seconds(self, bucket: int, known) -> float | None:
+        """The cheapest plain step a batch with a drafting request runs in `bucket` (PLAIN or
+        DEFERRED, of those in `known`), or None before either is timed. Not BARE: priced against
+        the target's step alone, the pool's dips in a good head's acceptance turned requests away
+        for good (0.94x the better fixed choice at batch 4 in the SmolLM2 replay)."""
+        plain = [self.costs(bucket, v) for v in (PLAIN, DEFERRED) if (bucket, v) in known]
+        return min(plain) if plain else None
 
     def _plain_could_win(self, bucket: int, plain: str, tokens: dict, seconds: dict) -> bool:
         """Whether the plain step would beat the speculative one at its lowest possible cost:

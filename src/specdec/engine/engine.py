@@ -41,7 +41,7 @@ from .lifecycle import Lifecycle
 from .prefill import Prefill
 from .protocols import StepObserver, TargetRunner
 from .request import RUNNING, WAITING, RequestState
-from .scheduler import Scheduler
+from .scheduler import Scheduler, bucket_holding
 from .step import DeviceStep
 from .step_timing import PhaseTimer, StepTimes
 from .watchdog import ProgressWatchdog
@@ -261,7 +261,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         free = [i for i, r in enumerate(slots) if r is None]
         coming = min(len(self.waiting), len(free))
         last = max([r.slot for r in others] + [request.slot] + free[:coming])
-        return next(b for b in sorted(self.buckets) if b > last), others, coming
+        return bucket_holding(self.buckets, last), others, coming
 
     # ------------------------------------------------------------------ the step
     def _bucket(self) -> int:
@@ -399,7 +399,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         observed, observed_lengths, idle = [], [], []
         slots, host_drafter, path_len = self.slots, self.host_drafter, self._path_len
         # a bare step's requests draft nothing: nothing to observe, age or track (~0.5 us a request on the host)
-        adaptive = self.adaptive and variant != BARE
+        tracked = self.adaptive and variant != BARE
         for slot, request in step.running:  # per request, only what this engine reads (~1.7 us each at batch 64)
             if request.status != RUNNING or slots[slot] is not request:
                 continue  # finished (or left) while the step was in flight: its rows are dropped
@@ -409,7 +409,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
             request.accepted_per_step.append(a)
             request.budget_per_step.append(request.budget if speculative else 0)
             emitted_total += a + 1
-            if adaptive:
+            if tracked:
                 if speculative:
                     observed.append(request)
                     observed_lengths.append(a)

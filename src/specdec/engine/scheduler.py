@@ -23,7 +23,7 @@ from typing import Protocol
 
 from .request import PREFILLING, RUNNING, WAITING, RequestState
 
-__all__ = ["PrefillBuckets", "Scheduler"]
+__all__ = ["PrefillBuckets", "Scheduler", "bucket_holding"]
 
 
 class PrefillBuckets(Protocol):
@@ -154,8 +154,12 @@ class Scheduler:
 
     def bucket(self, buckets: tuple[int, ...]) -> int:
         """The smallest batch bucket holding every running slot."""
-        last = max(r.slot for r in self.running())
-        return next(b for b in sorted(buckets) if b > last)
+        return bucket_holding(buckets, max(r.slot for r in self.running()))
+
+
+def bucket_holding(buckets: tuple[int, ...], last_slot: int) -> int:
+    """The smallest batch bucket that holds slot `last_slot` (buckets count slots from 0)."""
+    return next(b for b in sorted(buckets) if b > last_slot)
 
 
 def _keeps_a_bucket(buckets: PrefillBuckets | None, group: list[RequestState], request: RequestState,
