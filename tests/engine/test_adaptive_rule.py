@@ -395,6 +395,58 @@ def test_a_step_that_is_no_clean_sample_is_recorded_but_moves_no_estimate():
     assert list(rule.costs.live[(4, SPECULATIVE)]) == live + [50.0]
 
 
+def test_a_time_measured_later_moves_the_costs_at_the_next_fold():
+    """`measured(..., later=True)` (the engine's order: the cost model's update runs beside the
+    device): the decision gets its outcome at once, the live cost and the exploration budget
+    at the next `fold`; a second step timed before any fold pushes the first one in."""
+    rule = planted_rule(2.0, 1.0)
+    requests = [Req(), Req()]
+    drive(rule, requests, lambda step, i: D, 3, bucket=4, spec_s=2.0, plain_s=1.0)
+    live, budget = list(rule.costs.live[(4, SPECULATIVE)]), rule._budget[4]
+    rule.choose(4, requests)
+    decision = rule.last
+    rule.measured(4, SPECULATIVE, 2 * (D + 1), 3.0, later=True)
+    assert rule.done is decision and decision.measured_seconds == 3.0
+    assert list(rule.costs.live[(4, SPECULATIVE)]) == live and rule._budget[4] == budget + EXPLORE_SHARE * 2.0
+    rule.fold()
+    assert list(rule.costs.live[(4, SPECULATIVE)]) == live + [3.0] and rule._budget[4] > budget + EXPLORE_SHARE * 2.0
+    rule.choose(4, requests)
+    rule.measured(4, SPECULATIVE, 2 * (D + 1), 4.0, later=True)
+    rule.choose(4, requests)
+    rule.measured(4, SPECULATIVE, 2 * (D + 1), 5.0, later=True)  # no fold in between: 4.0 goes in now
+    assert list(rule.costs.live[(4, SPECULATIVE)]) == live + [3.0, 4.0]
+
+
+def test_a_plain_probe_is_judged_once_its_time_is_in():
+    """In the engine's order a plain probe's time reaches the costs at the fold after the next
+    launch, so the choice right after the probe does not judge it yet (it would judge the old
+    estimate); the one after does, and a probe that left the choice unchanged doubles the interval."""
+    rule = planted_rule(3.5, 1.0, buckets=(4,))
+    for _ in range(3):  # live plain steps cost twice their warm-up: speculating wins (~12 tokens in 3.5 s
+        rule.costs.update(4, PLAIN, 2.0)  # against 4 in 2.0), a plain step at its warm-up time could (4 in 1.0)
+    requests = [Req() for _ in range(4)]
+    for r in requests:
+        for _ in range(6):
+            rule.observe(r, 2)
+    rule.fold()
+    probed_at = None
+    for step in range(400):
+        spec = rule.choose(4, requests)
+        rule.fold(requests)  # after the launch, beside the device
+        if probed_at is not None:  # the choice right after the probe: its time is not in yet
+            assert 4 in rule._probed and rule._interval.get(4, FIRST_INTERVAL) == interval
+            rule.measured(4, SPECULATIVE if spec else PLAIN, 4 * 3 if spec else 4, 3.5 if spec else 2.0, later=True)
+            rule.observe_later(requests if spec else [], [2] * 4 if spec else [])
+            rule.choose(4, requests)  # now it is (folded above): judged, unchanged: the interval doubles
+            assert 4 not in rule._probed and rule._interval[4] == 2 * interval
+            return
+        if rule.last.probe and not spec:
+            probed_at, interval = step, rule._interval.get(4, FIRST_INTERVAL)
+        rule.measured(4, SPECULATIVE if spec else PLAIN, 4 * 3 if spec else 4, 3.5 if spec else 2.0, later=True)
+        rule.observe_later(requests if spec else [], [2] * 4 if spec else [], idle=[] if spec else requests)
+    pytest.fail("no plain probe in 400 steps: the test no longer tests it")
+
+
 # ----------------------------------------------------------------------------- admission
 def never_accepted_pool(rule: AdaptiveRule, observations: int = 60) -> None:
     for _ in range(observations):

@@ -46,7 +46,10 @@ costs what target-only steps cost. Per step it picks
 - **When.** The engine folds a step's acceptance into the estimates right after it launches
   the next step (`observe_later`, then `fold`), so that per-request host work overlaps the
   device instead of idling it between steps; a choice therefore reads estimates one step old,
-  and a speculative probe is judged once its acceptance is in.
+  and a speculative probe is judged once its acceptance is in. The step's measured time goes
+  the same way (`measured(..., later=True)`): the cost model's update (a window median, the
+  bucket's drift) ran ~13 us between two steps on a 2-core CPU, and the costs a choice reads
+  are one step old too; a plain probe is judged once its time is in.
 
 - **Admission.** A request is admitted without its drafter (budget 0: no draft prompt
   pass, its paths never hold back a deferred step, `engine.prefill`) when, with the pool's
@@ -293,6 +296,9 @@ class AdaptiveRule:
         self._summed: tuple[list, float, dict[int, float]] | None = None
         self._pays: tuple | None = None  # (budget, pool version, costs version, answer): `drafting_pays_somewhere`
         self._pending: tuple[int, list, list] | None = None  # (step, [(request, accepted length)], [idle request])
+        # (bucket, variant, tokens, seconds, decision, sample) of a step timed with `measured(later=True)`
+        self._pending_time: tuple | None = None
+        self._timed = 0  # the last step whose time the costs hold
         self.admissions = {True: 0, False: 0}  # requests admitted with (True) and without (False) their drafter
         self._undrafted_run = 0  # admissions without the drafter since the last one with it
         self._admit_interval = FIRST_INTERVAL  # such admissions before one explores with its drafter
@@ -343,7 +349,8 @@ class AdaptiveRule:
         best = tokens[True] / seconds[True] > tokens[False] / seconds[False]
         # once a probe's outcome is in (a plain probe's time at once, a speculative one's
         # acceptance when folded in): did it change the choice?
-        if bucket in self._probed and (self._probed[bucket][0] or self._probed[bucket][1] <= self._folded):
+        probed = self._probed.get(bucket)  # (ran plain, its step): a plain probe's outcome is its time
+        if probed is not None and probed[1] <= (self._timed if probed[0] else self._folded):
             went_against, _ = self._probed.pop(bucket)
             interval = self._interval.get(bucket, FIRST_INTERVAL)
             self._interval[bucket] = min(2 * interval, MAX_INTERVAL) if best == went_against else FIRST_INTERVAL
@@ -468,15 +475,22 @@ class AdaptiveRule:
         step passes no requests. `step`: the choice count at that step's choice (default the
         latest: with overlapped steps the rule has chosen the next one already). `idle`: the
         requests of a plain step (their estimates age, `DepthAcceptance.age`)."""
-        self.fold()  # never more than one step pending
+        self._fold_acceptance()  # never more than one step pending
         self._pending = (self._step if step is None else step, list(zip(requests, accept_lengths, strict=True)),
                          list(idle))
 
     def fold(self, upcoming: list | None = None) -> None:
-        """Fold the pending step's acceptance into the estimates and precompute the expected
-        tokens of `upcoming` (default: the pending step's requests; the engine passes the
-        requests of the step it has just launched, the next choice's likely batch), so that the
-        next choice reads cached sums."""
+        """Fold the pending step's acceptance (and its time, if `measured(later=True)`) into the
+        estimates and precompute the expected tokens of `upcoming` (default: the pending step's
+        requests; the engine passes the requests of the step it has just launched, the next
+        choice's likely batch), so that the next choice reads cached sums."""
+        if self._pending_time is not None:
+            timed, self._pending_time = self._pending_time, None
+            self._apply_time(*timed)
+        self._fold_acceptance(upcoming)
+
+    def _fold_acceptance(self, upcoming: list | None = None) -> None:
+        """`fold`'s acceptance part: the pending step's accepted lengths and the sums."""
         if self._pending is None:
             return
         step, observed, idle = self._pending
@@ -493,24 +507,40 @@ class AdaptiveRule:
         self._folded = step
 
     def measured(self, bucket: int, variant: str, tokens: int, seconds: float, decision: "Decision | None" = None,
-                 *, sample: bool = True) -> None:
+                 *, sample: bool = True, later: bool = False) -> None:
         """After the step: the variant that ran, its emitted tokens and host seconds (the cost
         model's live sample); `decision`: the step's own (default `last`; with overlapped
-        steps the rule has already chosen the next one). It becomes `done`. `sample=False`:
-        the seconds are not a clean measure of the variant (an overlapped step with a prefill
-        in its window, whose share of the device's time cannot be told apart): the decision
-        records them, the cost model and the exploration budget do not."""
-        if sample:
-            self.costs.update(bucket, variant, seconds)
+        steps the rule has already chosen the next one). It becomes `done`, with its outcome.
+        `sample=False`: the seconds are not a clean measure of the variant (an overlapped step
+        with a prefill in its window, whose share of the device's time cannot be told apart):
+        the decision records them, the cost model and the exploration budget do not.
+        `later=True` (the engine): the cost model takes the sample at the next `fold`, beside
+        the device, instead of between two steps."""
         decision = self.last if decision is None else decision
         if decision is not None:
             decision.measured_tokens, decision.measured_seconds = tokens, seconds
-            if sample and decision.speculative and not decision.probe and decision.tokens[False] > 0:
-                # the time speculating saved against the plain step's predicted rate: a bucket
-                # where speculation pays may probe again soon after it stops paying
-                plain_rate = decision.tokens[False] / decision.seconds[False]
-                self._budget[bucket] = self._budget.get(bucket, 0.0) + max(0.0, tokens / plain_rate - seconds)
         self.done = decision
+        if self._pending_time is not None:  # never more than one step pending
+            timed, self._pending_time = self._pending_time, None
+            self._apply_time(*timed)
+        timed = (bucket, variant, tokens, seconds, decision, sample)
+        if later:
+            self._pending_time = timed
+        else:
+            self._apply_time(*timed)
+
+    def _apply_time(self, bucket: int, variant: str, tokens: int, seconds: float, decision: "Decision | None",
+                    sample: bool) -> None:
+        """A step's time into the cost model and the bucket's exploration budget."""
+        self._timed = self._step if decision is None else decision.step
+        if not sample:
+            return
+        self.costs.update(bucket, variant, seconds)
+        if decision is not None and decision.speculative and not decision.probe and decision.tokens[False] > 0:
+            # the time speculating saved against the plain step's predicted rate: a bucket
+            # where speculation pays may probe again soon after it stops paying
+            plain_rate = decision.tokens[False] / decision.seconds[False]
+            self._budget[bucket] = self._budget.get(bucket, 0.0) + max(0.0, tokens / plain_rate - seconds)
 
 
 class DecisionLog:

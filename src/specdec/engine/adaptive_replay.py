@@ -150,7 +150,7 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
         if policy == "adaptive":
             speculative = rule.choose(bucket, running, plain)
             run.probes += rule.last.probe
-            rule.fold(running)  # the engine folds the last step's acceptance right after the launch
+            rule.fold(running)  # the engine folds the last step's acceptance and time right after the launch
         else:
             speculative = policy == "always"
         variant = SPECULATIVE if speculative else plain
@@ -178,7 +178,7 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
         run.seconds += seconds
         run.steps[variant] += 1
         if policy == "adaptive":
-            rule.measured(bucket, variant, emitted, seconds)
+            rule.measured(bucket, variant, emitted, seconds, later=True)  # folded after the next launch
             rule.observe_later(observed, lengths, idle=idle)
         running = [r for r in running if r.left > 0]
     return run

@@ -439,8 +439,9 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
                             beside_prefill=prefilled > 0)
         self._last_handoff = t_handoff
         if self.adaptive:
+            # the cost model takes the time at the next fold, beside the device (`AdaptiveRule.measured`)
             self.adaptive_rule.measured(b, variant, emitted_total, self.last_step_seconds, step.decision,
-                                        sample=prefilled == 0)
+                                        sample=prefilled == 0, later=True)
             chosen_at = None if step.decision is None else step.decision.step  # None: no choice recorded (forced)
             self.adaptive_rule.observe_later(observed, observed_lengths, step=chosen_at, idle=idle)
         for obs in self.observers:
