@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from specdec.engine.adaptive import BARE, DEFERRED, EXPLORE_SHARE, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, StepCosts
+from specdec.engine.adaptive import (BARE, DEFERRED, EXPLORE_SHARE, FIRST_INTERVAL, PLAIN, SPECULATIVE, AdaptiveRule,
+                                     DepthAcceptance, StepCosts, plain_step_due)
 
 D = 4  # draft depth of the planted engine (a chain: N - 1 = 4 drafts)
 
@@ -445,6 +446,18 @@ def test_a_plain_probe_is_judged_once_its_time_is_in():
         rule.measured(4, SPECULATIVE if spec else PLAIN, 4 * 3 if spec else 4, 3.5 if spec else 2.0, later=True)
         rule.observe_later(requests if spec else [], [2] * 4 if spec else [], idle=[] if spec else requests)
     pytest.fail("no plain probe in 400 steps: the test no longer tests it")
+
+
+def test_the_plain_step_due_follows_the_budgets_and_the_paths():
+    """BARE when no request drafts, DEFERRED while every drafting path has room below the depth
+    (an undrafted request's path does not count; an unknown one, None, blocks), else PLAIN; a
+    drafter that cannot defer (depth None) runs PLAIN only."""
+    drafting, undrafted = Req(), Req(budget=0)
+    assert plain_step_due([undrafted, Req(budget=0)], [None, 9], D) == BARE
+    assert plain_step_due([drafting, undrafted], [D - 1, None], D) == DEFERRED
+    assert plain_step_due([drafting, undrafted], [D, 0], D) == PLAIN  # one more would pass the depth
+    assert plain_step_due([drafting, Req()], [0, None], D) == PLAIN  # a speculative step's length unknown
+    assert plain_step_due([undrafted], [0], None) == PLAIN and plain_step_due([drafting], [0], None) == PLAIN
 
 
 # ----------------------------------------------------------------------------- admission

@@ -85,7 +85,7 @@ from itertools import accumulate
 from operator import is_, mul
 
 __all__ = ["AdaptiveRule", "Decision", "DecisionLog", "DepthAcceptance", "StepCosts", "SPECULATIVE", "PLAIN", "DEFERRED",
-           "BARE"]
+           "BARE", "plain_step_due"]
 
 SPECULATIVE, PLAIN, DEFERRED = "speculative", "plain", "deferred"  # the step variants
 BARE = "bare"  # the plain step of a batch whose every request drafts nothing: no drafter, no captured states
@@ -100,6 +100,22 @@ FIRST_INTERVAL = 4  # steps of one variant before the other is probed, right aft
 MAX_INTERVAL = 256  # probes never get rarer than this
 EXPLORE_SHARE = 0.0025  # a bucket's exploration budget grows by this share of its step time
 # (and by what speculating saved there)
+
+
+def plain_step_due(running: list, path_lens: list, depth: int | None) -> str:
+    """The plain step an adaptive step would run for `running` (requests with a `budget`):
+    BARE when none of them drafts, DEFERRED while every drafting request's path stays within the
+    drafter's `depth` (`path_lens[i]`: request i's tokens past what its drafter has ingested;
+    None while a speculative step's accepted length is unknown: not then), else PLAIN (the
+    drafter ingests). `depth` None: a drafter that cannot defer (PLAIN only). One rule for the
+    engine (`SpecEngine._plain_due`) and its replay (`adaptive_replay`)."""
+    if depth is None:
+        return PLAIN
+    if not any(r.budget for r in running):
+        return BARE
+    if all(r.budget == 0 or (p is not None and p + 1 <= depth) for r, p in zip(running, path_lens)):
+        return DEFERRED
+    return PLAIN
 
 
 def _median_of_sorted(ordered: list[float]) -> float:

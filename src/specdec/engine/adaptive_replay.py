@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .adaptive import BARE, DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance
+from .adaptive import BARE, DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, DepthAcceptance, plain_step_due
 
 __all__ = ["StepTimes", "ReplayRun", "replay", "replay_warm", "POLICIES"]
 
@@ -143,10 +143,7 @@ def replay(traces: list[list[int]], times: StepTimes | Mapping[int, StepTimes], 
                 r.budget = 0  # admitted without its drafter, as the engine does (its prompt pass is not priced here)
             running.append(r)
         bucket = next(b for b in buckets if b >= len(running))  # the smallest graph that holds them
-        can_defer = all(r.budget == 0 or (r.path is not None and r.path + 1 <= depth) for r in running)
-        plain = DEFERRED if can_defer else PLAIN
-        if policy == "adaptive" and not any(r.budget for r in running):
-            plain = BARE  # no request of the batch drafts: the target's step alone, as in the engine
+        plain = plain_step_due(running, [r.path for r in running], depth)  # the engine's rule
         if policy == "adaptive":
             speculative = rule.choose(bucket, running, plain)
             run.probes += rule.last.probe

@@ -34,7 +34,7 @@ from ..config import ConfigError, SpecConfig
 from ..pipeline import derive_sizes
 from ..registry import Strategies
 from ..step_state import StepState, drafter_slot_state
-from .adaptive import BARE, DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule
+from .adaptive import BARE, DEFERRED, PLAIN, SPECULATIVE, AdaptiveRule, plain_step_due
 from .graphs import Graphs, WarmupReport
 from .kv_blocks import KVBlocks
 from .lifecycle import Lifecycle
@@ -285,20 +285,12 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
             dst[:b].copy_(src.pin_memory() if pin else src, non_blocking=pin)
 
     def _plain_due(self, running: list[RequestState]) -> str:
-        """The plain step an adaptive step would run: BARE when no running request drafts,
-        DEFERRED while every path stays within the drafter's depth, else PLAIN (the drafter ingests)."""
-        if self.defer_depth is not None and not any(r.budget for r in running):
-            return BARE
-        return DEFERRED if self._can_defer(running) else PLAIN
-
-    def _can_defer(self, running: list[RequestState]) -> bool:
-        """Whether a deferred plain step keeps every running path within the drafter's depth
-        (a path's length after a speculative step still in flight is unknown: not then). A
-        request that drafts nothing (budget 0) has no draft state to keep current."""
-        if self.defer_depth is None:
-            return False
-        path_len, depth = self._path_len, self.defer_depth
-        return all(r.budget == 0 or (path_len[r.slot] is not None and path_len[r.slot] + 1 <= depth) for r in running)
+        """The plain step an adaptive step would run (`adaptive.plain_step_due`): BARE when no
+        running request drafts, DEFERRED while every path stays within the drafter's depth, else
+        PLAIN (the drafter ingests). A request that drafts nothing (budget 0) has no draft state
+        to keep current; a path's length after a speculative step still in flight is unknown (None)."""
+        path_len = self._path_len
+        return plain_step_due(running, [path_len[r.slot] for r in running], self.defer_depth)
 
     def _launch(self, b: int, variant: str = SPECULATIVE) -> None:
         """The device part of the step (no host sync inside)."""
@@ -361,7 +353,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
         host.copy_(self.state.handoff[:b], non_blocking=event is not None)
         if event is not None:
             event.record()
-        if self.adaptive:  # the paths a deferred step may extend (`_can_defer`)
+        if self.adaptive:  # the paths a deferred step may extend (`plain_step_due`)
             if variant == DEFERRED:
                 for r in running:  # None: a request that drafts nothing, its speculative step in flight
                     if self._path_len[r.slot] is not None:
@@ -369,7 +361,7 @@ class SpecEngine(Lifecycle, Prefill, KVBlocks, Graphs):
             elif variant == PLAIN:
                 for r in running:
                     self._path_len[r.slot] = 0
-            # BARE: every request of the step drafts nothing, and nothing reads such a request's path (`_can_defer`)
+            # BARE: every request of the step drafts nothing, and nothing reads such a request's path (`plain_step_due`)
             else:  # the accepted length, known at the hand-off
                 for r in running:
                     self._path_len[r.slot] = None
