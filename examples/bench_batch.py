@@ -19,6 +19,11 @@ output tok/s:
   variant, its bookkeeping, the rule's observations) without the rule's choice, so a gap
   between adaptive's speculative steps and fixed's splits into the rule's host work and the
   engine's (at 32cbac7 SmolLM2 batch 1: 1.917 against 1.818 ms per step, unexplained on the CPU).
+- transformers (`--setups`, opt-in: it compiles once per batch size): transformers' best batched
+  path on the same requests, `generate` with a static cache and its own `torch.compile` (the
+  recipe and warm-up of `bench_e2e.py`'s hf-compiled row), in static batches of B; the table
+  gains a column, target-only over it. SmolLM2 only: the 8B shape's random weights are made on
+  the device, with no checkpoint for transformers to load.
 
 Targets (`--targets`):
 - `smollm2`: SmolLM2-135M-Instruct with the shipped EAGLE-3 head, the shipped held-out prompts;
@@ -29,6 +34,7 @@ Targets (`--targets`):
 
     python examples/bench_batch.py                         # H200: all targets, batch 1 4 16 64
     python examples/bench_batch.py --targets smollm2 --batch-sizes 1 4
+    python examples/bench_batch.py --targets smollm2 --setups target-only fixed adaptive transformers
     python examples/bench_batch.py --quick                 # CPU smoke run on tiny random models
     python examples/bench_batch.py --targets 8b-none --batch-sizes 64 --profile 25   # + one profiled run per setup
     python examples/bench_batch.py --targets 8b-none --batch-sizes 1 --setups target-only adaptive --overlap both
@@ -58,8 +64,8 @@ from specdec.ops import verify_greedy
 from specdec.types import Acceptance, TreeMeta
 
 
-SETUPS = ("target-only", "fixed", "adaptive", "adaptive-always")
-TABLE_SETUPS = SETUPS[:3]  # adaptive-always is a diagnosis, printed per run only
+SETUPS = ("target-only", "fixed", "adaptive", "adaptive-always", "transformers")
+TABLE_SETUPS = SETUPS[:3]  # adaptive-always is a diagnosis, printed per run only; transformers is opt-in (compile time)
 OVERLAP = "+overlap"  # a setup's kind with overlapped steps (`--overlap`)
 
 
@@ -368,6 +374,34 @@ def run(target, head, prompts, B, new_tokens, kind, verifier, args):
     return row
 
 
+_HF_RUNNERS: dict = {}  # target path -> bench_e2e.HFRunner: one transformers model per target, compiled per batch size
+
+
+def run_transformers(target, prompts, B, new_tokens, args) -> dict:
+    """transformers' best batched path on the same requests: `generate` with a static cache and
+    its own `torch.compile` (bench_e2e's `hf-compiled` recipe, warmed per batch size first), in
+    static batches of B (transformers' `generate` has no continuous batching: a batch runs until
+    its every request is done, here all the same length)."""
+    from bench_e2e import HFRunner, run_hf
+
+    device = next(target.model.parameters()).device
+    dtype = next(target.model.parameters()).dtype
+    runner = _HF_RUNNERS.get(str(target.path))
+    if runner is None:
+        pad_id = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+        runner = _HF_RUNNERS[str(target.path)] = HFRunner(target.path, dtype, device, new_tokens,
+                                                          0 if pad_id is None else pad_id)
+    batch = [prompts[i % len(prompts)] for i in range(max(2 * B, args.min_requests))]
+    compile_on = args.compile is not False and device.type == "cuda"
+    (row,), notes = run_hf("hf-compiled", runner, batch, [B], args, compile_on)
+    for note in notes:
+        log(f"  transformers: {note}")
+    return dict(kind="transformers", batch=B, tok_s=row["tok_s"], seconds=row["seconds"], tokens=row["new_tokens"],
+                tau=1.0, decode_tok_s=None, warmup_s=row["warmup_s"], repeats=1, tok_s_runs=[row["tok_s"]],
+                decisions=None, costs=None, decision_summary=None, name=row["name"],
+                compiled_during_run=row["dynamo_graphs_during_run"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="CPU, tiny random models, batch 1 2, 8 new tokens")
@@ -423,7 +457,15 @@ def main() -> None:
             kinds = tuple(k for k in SETUPS if k in args.setups)
             kinds = {"off": kinds, "on": tuple(k + OVERLAP for k in kinds), "both": kinds + tuple(k + OVERLAP for k in kinds)}[args.overlap]
             for kind in kinds:
-                row = run(target, head, prompts, B, new_tokens, kind, verifier, args) | dict(target=name)
+                if kind.removesuffix(OVERLAP) == "transformers":
+                    if kind != "transformers" or target.path is None:  # no overlap there; no checkpoint to load
+                        log(f"  transformers: no row for {name}" + (" with overlap (transformers has no such mode)"
+                            if kind != "transformers" else " (random weights made on the device: no checkpoint "
+                            "for transformers to load)"))
+                        continue
+                    row = run_transformers(target, prompts, B, new_tokens, args) | dict(target=name)
+                else:
+                    row = run(target, head, prompts, B, new_tokens, kind, verifier, args) | dict(target=name)
                 kind = row["kind"]
                 found[kind] = row
                 base = found.get("target-only", found.get("target-only" + OVERLAP))
@@ -435,6 +477,7 @@ def main() -> None:
         del target
         gc.collect()
     cells = []
+    with_hf = any(x["kind"] == "transformers" for x in rows)  # a column of target-only vs transformers
     for name in args.targets:
         for B in sizes:
             r = {x["kind"]: x for x in rows if x["target"] == name and x["batch"] == B}
@@ -453,7 +496,9 @@ def main() -> None:
                           fmt(r["adaptive"]["decode_tok_s"] / dec_base, suffix="x"),
                           fmt(r["adaptive"]["decode_tok_s"] / dec_best, suffix="x"),
                           fmt(r["adaptive"]["tau"]), f"{d['speculative']} : {d['plain']} ({d['probes']})",
-                          " / ".join(fmt(r[k]["step_s"] / r[k]["seconds"], ".0%") for k in ("target-only", "fixed", "adaptive"))])
+                          " / ".join(fmt(r[k]["step_s"] / r[k]["seconds"], ".0%") for k in ("target-only", "fixed", "adaptive"))]
+                         + ([fmt(r["target-only"]["tok_s"] / r["transformers"]["tok_s"], suffix="x")
+                             if "transformers" in r else "-"] if with_hf else []))
     print()
     log(head_line)
     print()
@@ -461,7 +506,11 @@ def main() -> None:
                         "adaptive tok/s", "adaptive vs target-only", "adaptive vs best of both",
                         "decode: fixed vs target-only", "decode: adaptive vs target-only", "decode: adaptive vs best",
                         "adaptive tau", "adaptive steps speculative : plain (probes)",
-                        "time in steps (target-only / fixed / adaptive)"], cells))
+                        "time in steps (target-only / fixed / adaptive)"]
+                       + (["target-only vs transformers"] if with_hf else []), cells))
+    if with_hf:
+        log("transformers: " + next(x["name"] for x in rows if x["kind"] == "transformers")
+            + ", in static batches of B (`run_transformers`)")
     log("\ntok/s: output tokens over the whole run (prefill, admission and steps); decode: the tokens the "
         "steps made over the time in steps (what adaptive decides), from engine.step_times.")
     out.close()

@@ -91,3 +91,21 @@ def test_bench_e2e_times_a_tree_shape_given_on_the_command_line():
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0
     assert "--tree-shapes 3,2,7: max_total_draft_tokens=7 is out of range; allowed: [3, 6]" in bad.stderr
+
+
+def test_bench_batch_times_transformers_beside_target_only(tmp_path):
+    """`--setups ... transformers`: transformers' batched `generate` (static cache; compiled on a
+    GPU) on the same requests, in static batches of B; the table's last column is target-only
+    over it, per batch size. The 8B stand-in has no checkpoint: no row there, said so."""
+    out = tmp_path / "rows.jsonl"
+    text = _run("bench_batch.py", "--quick", "--targets", "smollm2", "8b-none", "--batch-sizes", "2", "--new-tokens", "4",
+                "--repeats", "1", "--setups", "target-only", "fixed", "adaptive", "transformers", "--out", str(out))
+    rows = [r for r in map(json.loads, out.read_text().splitlines()) if r.get("kind_row") == "row"]
+    hf = [r for r in rows if r["kind"] == "transformers"]
+    assert [(r["target"], r["batch"]) for r in hf] == [("smollm2", 2)]
+    base = next(r for r in rows if r["kind"] == "target-only" and r["target"] == "smollm2")
+    assert hf[0]["tokens"] == base["tokens"] and hf[0]["tok_s"] > 0  # the same requests, every token made
+    line = next(line for line in text.splitlines() if line.startswith("| smollm2 | 2 |"))
+    assert line.rstrip(" |").endswith(f"{base['tok_s'] / hf[0]['tok_s']:.2f}x")
+    assert next(line for line in text.splitlines() if line.startswith("| 8b-none | 2 |")).rstrip(" |").endswith("-")
+    assert "no row for 8b-none" in text
