@@ -363,8 +363,8 @@ class AdaptiveRule:
         tokens = {True: spec_tokens, False: float(len(running))}
         seconds = {True: self.costs(bucket, SPECULATIVE), False: self.costs(bucket, plain)}
         best = tokens[True] / seconds[True] > tokens[False] / seconds[False]
-        # once a probe's outcome is in (a plain probe's time at once, a speculative one's
-        # acceptance when folded in): did it change the choice?
+        # once a probe's outcome is in (a plain probe's time, a speculative one's acceptance:
+        # each once folded in, or at once without `later`): did it change the choice?
         probed = self._probed.get(bucket)  # (ran plain, its step): a plain probe's outcome is its time
         if probed is not None and probed[1] <= (self._timed if probed[0] else self._folded):
             went_against, _ = self._probed.pop(bucket)
@@ -500,10 +500,14 @@ class AdaptiveRule:
         estimates and precompute the expected tokens of `upcoming` (default: the pending step's
         requests; the engine passes the requests of the step it has just launched, the next
         choice's likely batch), so that the next choice reads cached sums."""
+        self._fold_time()
+        self._fold_acceptance(upcoming)
+
+    def _fold_time(self) -> None:
+        """`fold`'s time part: the pending step's time (`measured(later=True)`) into the costs."""
         if self._pending_time is not None:
             timed, self._pending_time = self._pending_time, None
             self._apply_time(*timed)
-        self._fold_acceptance(upcoming)
 
     def _fold_acceptance(self, upcoming: list | None = None) -> None:
         """`fold`'s acceptance part: the pending step's accepted lengths and the sums."""
@@ -536,9 +540,7 @@ class AdaptiveRule:
         if decision is not None:
             decision.measured_tokens, decision.measured_seconds = tokens, seconds
         self.done = decision
-        if self._pending_time is not None:  # never more than one step pending
-            timed, self._pending_time = self._pending_time, None
-            self._apply_time(*timed)
+        self._fold_time()  # never more than one step pending
         timed = (bucket, variant, tokens, seconds, decision, sample)
         if later:
             self._pending_time = timed
