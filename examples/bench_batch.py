@@ -457,11 +457,13 @@ def main() -> None:
             kinds = tuple(k for k in SETUPS if k in args.setups)
             kinds = {"off": kinds, "on": tuple(k + OVERLAP for k in kinds), "both": kinds + tuple(k + OVERLAP for k in kinds)}[args.overlap]
             for kind in kinds:
-                if kind.removesuffix(OVERLAP) == "transformers":
-                    if kind != "transformers" or target.path is None:  # no overlap there; no checkpoint to load
-                        log(f"  transformers: no row for {name}" + (" with overlap (transformers has no such mode)"
-                            if kind != "transformers" else " (random weights made on the device: no checkpoint "
-                            "for transformers to load)"))
+                if kind == "transformers" + OVERLAP:
+                    log(f"  transformers: no row for {name} with overlap (transformers has no such mode)")
+                    continue
+                if kind == "transformers":
+                    if target.path is None:
+                        log(f"  transformers: no row for {name} (random weights made on the device: no checkpoint "
+                            "for transformers to load)")
                         continue
                     row = run_transformers(target, prompts, B, new_tokens, args) | dict(target=name)
                 else:

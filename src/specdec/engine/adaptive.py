@@ -256,9 +256,13 @@ class StepCosts:
             raise KeyError(f"no step time for bucket {bucket} ({variant}): call warmup() first")
         return self.warm[key] * self._drift.get(bucket, 1.0)
 
+    def known(self) -> set[tuple[int, str]]:
+        """The (bucket, variant) pairs with a step time, warm-up or live."""
+        return self.warm.keys() | self.live.keys()
+
     def table(self) -> list[tuple]:
         """(bucket, {variant: seconds}) rows: the current estimates."""
-        keys = sorted(set(self.warm) | set(self.live))
+        keys = sorted(self.known())
         return [(b, {v: self(b, v) for bb, v in keys if bb == b}) for b in sorted({b for b, _ in keys})]
 
 
@@ -399,7 +403,7 @@ class AdaptiveRule:
         if cached is not None and cached[:3] == (budget, self.pool.version, self.costs.version):
             return cached[3]
         tokens = self.pool.expected_tokens(self._budget_depth(budget))
-        known = self.costs.warm.keys() | self.costs.live.keys()
+        known = self.costs.known()
         buckets = {b for b, v in known if v == SPECULATIVE}
         pays = not buckets  # no step timed yet (before `warmup()`): nothing says it does not pay
         for bucket in buckets:
@@ -439,7 +443,7 @@ class AdaptiveRule:
         drafter: exploration is due only while drafting pays nowhere), were every draft of a
         request of `budget` accepted. If not, the rule never speculates while it runs and its
         drafts are never observed. Costs not known yet: nothing says no."""
-        known = self.costs.warm.keys() | self.costs.live.keys()
+        known = self.costs.known()
         plain = self._drafting_plain_seconds(bucket, known)
         if (bucket, SPECULATIVE) not in known or plain is None:
             return True
