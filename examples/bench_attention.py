@@ -21,8 +21,9 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
     python examples/bench_attention.py --layout smollm2 --impls triton --context 320 --nodes 49 \
         --max-kv-len 2048 --min-split-keys 16 32 64 0   # SmolLM2's tree verify: 9 programs before splitting
 
-`--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages ("u": its
-single key loop, no committed-keys-only tiles first), as rows `triton[BNxWxS]`; the kernel's
+`--triton-configs` times the Triton kernel under each BLOCK_N x warps x stages ("c64": 64-key
+tiles for the committed keys; "m": those whole tiles read without masks; "u": its single key
+loop, no committed-keys-only tiles first), as rows `triton[BNxWxS...]`; the kernel's
 own per-shape choice, `kernels/tree_attention._fixed_config`, is read off such runs
 (notes/gpu/issue20/ATTENTION.md).
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import statistics
 import time
 import warnings
@@ -110,19 +112,34 @@ def graph_timed(fn, iters: int, device) -> float | None:
         return None
 
 
+_CONFIG = re.compile(r"^(\d+)x(\d+)x(\d+)(?:c(\d+))?(m?)(u?)$")
+
+
 def _parse_config(text: str) -> dict:
-    """"32x4x2" -> dict(BLOCK_N=32, num_warps=4, num_stages=2, COMMITTED_FIRST=True); a trailing
-    "u" ("16x4x2u") runs the kernel's single key loop (every tile with the full visibility
-    arithmetic) instead of committed-keys-only tiles first."""
-    single = text.lower().endswith("u")
-    try:
-        bn, warps, stages = (int(x) for x in text.lower().removesuffix("u").split("x"))
-    except ValueError:
-        raise SystemExit(f"--triton-configs: {text!r} is not BLOCK_NxWARPSxSTAGES[u] (e.g. 32x4x2, 16x4x2u)") from None
-    if bn not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 5:
-        raise SystemExit(f"--triton-configs: {text!r} out of range; BLOCK_N in 16/32/64/128, warps in 1/2/4/8/16, "
-                         "stages in 1..5")
-    return dict(BLOCK_N=bn, num_warps=warps, num_stages=stages, COMMITTED_FIRST=not single)
+    """"32x4x2" -> dict(BLOCK_N=32, num_warps=4, num_stages=2, BLOCK_N_C=32, MASKLESS_C=False,
+    COMMITTED_FIRST=True). Suffixes: "c64" gives the committed-keys-only tiles their own size
+    (BLOCK_N_C), "m" reads those whole tiles without masks (MASKLESS_C), "u" runs the kernel's
+    single key loop (every tile with the full visibility arithmetic) instead of committed-keys
+    tiles first. E.g. 16x4x2c64m, 16x4x2u."""
+    match = _CONFIG.match(text.lower())
+    if match is None:
+        raise SystemExit(f"--triton-configs: {text!r} is not BLOCK_NxWARPSxSTAGES[cBLOCK_N_C][m][u] "
+                         "(e.g. 32x4x2, 16x4x2c64m, 16x4x2u)")
+    bn, warps, stages = (int(x) for x in match.group(1, 2, 3))
+    bnc = int(match.group(4) or bn)
+    if bn not in (16, 32, 64, 128) or bnc not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8, 16) \
+            or not 1 <= stages <= 5:
+        raise SystemExit(f"--triton-configs: {text!r} out of range; BLOCK_N and BLOCK_N_C in 16/32/64/128, warps in "
+                         "1/2/4/8/16, stages in 1..5")
+    return dict(BLOCK_N=bn, num_warps=warps, num_stages=stages, BLOCK_N_C=bnc, MASKLESS_C=bool(match.group(5)),
+                COMMITTED_FIRST=not match.group(6))
+
+
+def _config_label(cfg: dict) -> str:
+    """The inverse of `_parse_config`, as the row label `triton[...]`."""
+    committed = f"c{cfg['BLOCK_N_C']}" if cfg["BLOCK_N_C"] != cfg["BLOCK_N"] else ""
+    return (f"triton[{cfg['BLOCK_N']}x{cfg['num_warps']}x{cfg['num_stages']}{committed}"
+            f"{'m' if cfg['MASKLESS_C'] else ''}{'' if cfg['COMMITTED_FIRST'] else 'u'}]")
 
 
 @contextlib.contextmanager
@@ -151,7 +168,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=None, help="committed tokens per row (default 2048)")
     parser.add_argument("--nodes", type=int, default=None, help="tree nodes N (default 64)")
     parser.add_argument("--triton-configs", nargs="+", default=None, metavar="BNxWxS",
-                        help="time the Triton kernel under each BLOCK_N x num_warps x num_stages")
+                        help="time the Triton kernel under each BLOCK_N x num_warps x num_stages, optionally with "
+                             "cBLOCK_N_C (committed-keys tile), m (those tiles maskless), u (one key loop)")
     parser.add_argument("--num-splits", nargs="+", type=int, default=None, metavar="S",
                         help="time the Triton kernel with each key-split count (0: the one it picks)")
     parser.add_argument("--max-kv-len", type=int, default=0,
@@ -220,8 +238,7 @@ def main() -> None:
             for impl, cfg, sp, mk in runs:
                 if impl == "ref" and name == "prefill" and not args.quick:
                     continue  # dense [H, 2k, 2k] float32 scores: not a fair or useful number
-                label = impl if cfg is None else (f"triton[{cfg['BLOCK_N']}x{cfg['num_warps']}x{cfg['num_stages']}"
-                                                  f"{'' if cfg['COMMITTED_FIRST'] else 'u'}]")
+                label = impl if cfg is None else _config_label(cfg)
                 label += ("" if sp is None else f"/s{sp}") + ("" if mk is None else f"/k{mk}")
 
                 def forward(impl=impl, q=q, batch=batch, sp=sp, mk=mk):

@@ -207,6 +207,26 @@ def attention() -> None:
                 tree_attention.choose_block_n(F * 3, 64, True, blocks * block_size), False,
             )
             print(f"ok attention {dtype} draft depth B={B} F={F} (strided lengths)")
+    # the launch variants `examples/bench_attention.py --triton-configs` times (committed keys in
+    # their own tile size, masked or not) at the two tree-verify layouts
+    fixed = tree_attention._fixed_config
+    variants = ((16, 64, True), (32, 64, True), (16, 32, False))
+    for (H, hkv, hd), T in (((32, 8, 128), 61), ((9, 3, 64), 49)):
+        for block_n, block_n_c, maskless in variants:
+            config = dict(BLOCK_N=block_n, BLOCK_N_C=block_n_c, MASKLESS_C=maskless, num_warps=4, num_stages=2,
+                          COMMITTED_FIRST=True)
+            tree_attention._fixed_config = lambda *_, c=config: dict(c)
+            try:
+                k_rows = torch.empty(blocks * block_size + 1, hkv, hd, dtype=torch.bfloat16)
+                q_len = torch.full((1,), T, dtype=I64)
+                tree_attention.paged_attention_triton(
+                    torch.empty(1, T, H, hd, dtype=torch.bfloat16), k_rows, k_rows, torch.zeros(1, blocks, dtype=I64),
+                    torch.zeros(1, dtype=I64), torch.zeros(1, dtype=I64), q_len, q_len,
+                    torch.zeros(1, T, -(-T // 32), dtype=torch.int32), None, block_size, 0.125, 0, 2, 128, block_n, False,
+                )
+            finally:
+                tree_attention._fixed_config = fixed
+            print(f"ok attention variant {block_n}c{block_n_c}{'m' if maskless else ''} H={H}/{hkv} hd={hd} T={T}")
 
 
 FAMILIES = {"verify": verify, "tree": tree, "kv": kv, "attention": attention}

@@ -71,7 +71,7 @@ def sdpa_rows(q, k, v, visible, scale):
 
 
 @st.composite
-def tree_cases(draw, head_dims=(4, 8, 12, 16)):
+def tree_cases(draw, head_dims=(4, 8, 12, 16), max_committed=50, max_window=24):
     batch = draw(st.integers(1, 3))
     num_slots = draw(st.integers(1, 40))
     parents, num_nodes, committed = [], [], []
@@ -80,13 +80,14 @@ def tree_cases(draw, head_dims=(4, 8, 12, 16)):
         par = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
         parents.append(par)
         num_nodes.append(n)
-        committed.append(draw(st.integers(0, 50)))
+        committed.append(draw(st.integers(0, max_committed)))
     return dict(
         batch=batch, num_slots=num_slots, parents=parents, num_nodes=num_nodes, committed=committed,
         block_size=draw(st.sampled_from([1, 2, 3, 4, 16])), kv_heads=draw(st.integers(1, 2)),
         group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from(head_dims)),
-        window=draw(st.one_of(st.none(), st.integers(1, 24))), splits=draw(st.integers(1, 3)),
+        window=draw(st.one_of(st.none(), st.integers(1, max_window))), splits=draw(st.integers(1, 3)),
         combine_rows=draw(st.sampled_from([1, 2, 16])), committed_first=draw(st.booleans()),
+        committed_tile=draw(st.sampled_from([1, 2, 4])), maskless=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -95,7 +96,7 @@ def build_tree_step(case):
     gen = torch.Generator().manual_seed(case["seed"])
     B, N, hkv, hd = case["batch"], case["num_slots"], case["kv_heads"], case["head_dim"]
     H = hkv * case["group"]
-    cache = random_cache([hkv, 1], hd, case["block_size"], B, 50 + N + 3, gen)
+    cache = random_cache([hkv, 1], hd, case["block_size"], B, max(case["committed"] + [50]) + N + 3, gen)
     meta = pack_tree(case["parents"], N)
     cache_len = torch.tensor(case["committed"], device=DEVICE)
     meta = TreeMeta(*(x.to(DEVICE) for x in (meta.packed_mask, meta.positions, meta.next_token,
@@ -107,22 +108,21 @@ def build_tree_step(case):
     return cache, batch, q
 
 
-# GPU: 80 examples, not the profile's 500: each draws a new kernel specialization (head dim,
-# group, splits, tiles), compiled on first use; 500 took 347 s of the 480 s `gpu_props.sh kernels`
-# has, and 150 still took 257 s beside the part's other 7 workers (85a42e3)
-@ci_examples(25, gpu=80)
-@given(tree_cases(), st.sampled_from([None, 1, 16, 40, 128]), st.sampled_from([None, 16, 32, 64]))
-def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_split_keys, block_n):
-    """... at any split count, any fewest keys per split (None: the kernel's choice; 40: not a
-    multiple of the 16-key tile) and any key tile on the GPU (the interpreter runs 16)."""
+def kernel_against_reference(case, min_split_keys=None, block_n=None):
+    """The Triton kernel on `case` under the case's launch variant (committed-keys-only tiles
+    first or not, their tile size as a multiple of the new keys' tile, masks on or off, the
+    split-KV combine's rows per program: GPU 1, interpreter 16) == the dense reference."""
     note(case)
     cache, batch, q = build_tree_step(case)
     scale = case["head_dim"] ** -0.5
     ref = attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"], impl="ref")
-    # the split-KV combine at every row count per program it may run with (GPU 1, interpreter 16);
-    # the key loop with and without committed-keys-only tiles first
     fixed = tree_attention._fixed_config
-    config = lambda *a: {**fixed(*a), "COMMITTED_FIRST": case["committed_first"]}  # noqa: E731
+
+    def config(*args):
+        base = fixed(*args)
+        return {**base, "COMMITTED_FIRST": case["committed_first"], "MASKLESS_C": case["maskless"],
+                "BLOCK_N_C": min(128, base["BLOCK_N"] * case["committed_tile"])}
+
     with mock.patch.object(tree_attention, "_combine_rows", lambda: case["combine_rows"]), \
             mock.patch.object(tree_attention, "_fixed_config", config):
         out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
@@ -131,12 +131,40 @@ def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
 
 
+# GPU: 80 examples, not the profile's 500: each draws a new kernel specialization (head dim,
+# group, splits, tiles), compiled on first use; 500 took 347 s of the 480 s `gpu_props.sh kernels`
+# has, and 150 still took 257 s beside the part's other 7 workers (85a42e3)
+@ci_examples(25, gpu=80)
+@given(tree_cases(), st.sampled_from([None, 1, 16, 40, 128]), st.sampled_from([None, 16, 32, 64]))
+def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_split_keys, block_n):
+    """... at any split count, any fewest keys per split (None: the kernel's choice; 40: not a
+    multiple of the 16-key tile), any key tile on the GPU (the interpreter runs 16) and any
+    committed-keys tile (1, 2 or 4 times it, with or without masks)."""
+    kernel_against_reference(case, min_split_keys, block_n)
+
+
+@ci_examples(10, gpu=30)
+@given(tree_cases(max_committed=150, max_window=160).map(lambda c: {**c, "committed_first": True}))
+# a window that holds one whole 16-key committed tile, and a node one deeper than the first
+# row: the tile's first key is outside that node's window (a maskless tile there would show it)
+@example(case={"batch": 2, "num_slots": 37, "parents": [[-1, 0, 0], [-1]], "num_nodes": [3, 0], "committed": [16, 0],
+               "block_size": 1, "kv_heads": 1, "group": 1, "head_dim": 4, "window": 17, "splits": 1, "combine_rows": 1,
+               "committed_first": True, "committed_tile": 1, "maskless": True, "seed": 0})
+def test_tree_attention_committed_tiles_larger_than_the_new_keys_tiles(case):
+    """Up to 150 committed keys, so that whole 32- and 64-key committed tiles occur beside the
+    16-key tiles of the new keys, split or not, masked or maskless, and windows wide enough to
+    hold whole committed tiles (which must then keep their masks: a deeper node's window
+    starts later than the tile's first key)."""
+    kernel_against_reference(case)
+
+
 @settings(max_examples=min(10, settings().max_examples))  # eager on CPU, one compile per shape on GPU
 @given(tree_cases(head_dims=(16,)))  # compiled FlexAttention wants head_dim >= 16
 # H200 at a699352: flex's decoding kernel (AUTO's pick below 128 query rows) had no valid config
 @example(case={"batch": 2, "num_slots": 40, "parents": [[-1] + [0] * 25, [-1] + [0] * 32], "num_nodes": [26, 33],
                "committed": [0, 0], "block_size": 1, "kv_heads": 1, "group": 4, "head_dim": 16, "window": None,
-               "splits": 1, "combine_rows": 1, "committed_first": False, "seed": 0})
+               "splits": 1, "combine_rows": 1, "committed_first": False, "committed_tile": 1, "maskless": False,
+               "seed": 0})
 def test_flex_attention_path_equals_dense_reference_on_random_trees(case):
     note(case)
     cache, batch, q = build_tree_step(case)

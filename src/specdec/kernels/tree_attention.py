@@ -18,7 +18,8 @@ number of splits NUM_SPLITS comes from static sizes only (`choose_num_splits`; m
 is an upper bound there), and each program finds its key range from the row's real key
 count: the tile's keys [lo, end) (end = cache_len + new keys, fewer for a causal tile, lo >
 0 only under a sliding window) are cut into NUM_SPLITS pieces of L = ceil((end - lo) /
-NUM_SPLITS) keys (at least min_split_keys: `choose_min_split_keys`) rounded up to BLOCK_N; split s scans [lo + s*L, lo + (s+1)*L) ∩ [lo, end).
+NUM_SPLITS) keys (at least min_split_keys: `choose_min_split_keys`) rounded up to the key tiles
+(BLOCK_N for the new keys, BLOCK_N_C for committed ones); split s scans [lo + s*L, lo + (s+1)*L) ∩ [lo, end).
 Splits past the real length scan nothing and write an empty partial (lse = -inf), which
 the combine kernel gives weight 0.
 """
@@ -49,10 +50,15 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 def _fixed_config(block_n: int) -> dict:
     """Launch parameters without autotuning (tests: one compile per shape family); `block_n`
     from `choose_block_n`. The interpreter runs 16-key tiles whatever the choice (fewer numpy
-    steps per tile; it checks semantics, not speed)."""
+    steps per tile; it checks semantics, not speed).
+
+    BLOCK_N_C: keys per tile of the committed-keys-only loop (no tree-mask arithmetic there),
+    which may be larger than the new keys' BLOCK_N; MASKLESS_C: that loop reads whole tiles
+    without bounds or visibility masks (used only without a sliding window)."""
     if _INTERPRET:
-        return dict(BLOCK_N=16, COMMITTED_FIRST=True)
-    return dict(BLOCK_N=block_n, num_warps=4, num_stages=2, COMMITTED_FIRST=True)
+        return dict(BLOCK_N=16, BLOCK_N_C=16, MASKLESS_C=False, COMMITTED_FIRST=True)
+    return dict(BLOCK_N=block_n, BLOCK_N_C=block_n, MASKLESS_C=False, num_warps=4, num_stages=2,
+                COMMITTED_FIRST=True)
 
 
 def _combine_rows() -> int:
@@ -65,9 +71,11 @@ def _combine_rows() -> int:
 
 def _autotune_configs():
     if _INTERPRET:  # the interpreter only checks semantics: one config
-        return [triton.Config({"BLOCK_N": 16, "COMMITTED_FIRST": True}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 16, "BLOCK_N_C": 16, "MASKLESS_C": False, "COMMITTED_FIRST": True},
+                              num_warps=4, num_stages=1)]
     return [
-        triton.Config({"BLOCK_N": bn, "COMMITTED_FIRST": True}, num_warps=w, num_stages=s)
+        triton.Config({"BLOCK_N": bn, "BLOCK_N_C": bn, "MASKLESS_C": False, "COMMITTED_FIRST": True},
+                      num_warps=w, num_stages=s)
         for bn, w, s in ((16, 4, 2), (32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2))
     ]
 
@@ -78,18 +86,28 @@ if HAS_TRITON:
     def _load_tile(
         start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, MAX_POS,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OFFS32: tl.constexpr, UPCAST: tl.constexpr,
+        MASKLESS: tl.constexpr,
     ):
         """K and V of the key tile [start, start + BLOCK_N) ∩ [.., hi), read through the block
-        table; keys out of range (or unallocated) load as 0 and come back with key_ok False."""
+        table; keys out of range (or unallocated) load as 0 and come back with key_ok False.
+        MASKLESS: the caller guarantees a whole tile of committed (allocated) keys below hi, so
+        nothing but the head-dim padding is masked and key_ok is all True."""
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
-        in_range = (pos < hi) & (pos < MAX_POS)  # past the block table: unallocated, never read
-        blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE, mask=in_range, other=-1)
-        key_ok = in_range & (blk >= 0)
+        if MASKLESS:
+            blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE)
+            key_ok = pos >= 0  # all True: start >= 0
+        else:
+            in_range = (pos < hi) & (pos < MAX_POS)  # past the block table: unallocated, never read
+            blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE, mask=in_range, other=-1)
+            key_ok = in_range & (blk >= 0)
         row = blk * BLOCK_SIZE + pos % BLOCK_SIZE  # flat token row
         if OFFS32:  # the layer's rows fit in 2^31 elements (checked on the host): 32-bit offsets
             row = row.to(tl.int32)
         kv_off = row[:, None] * skv_tok + hkv * skv_h + d[None, :]  # [BLOCK_N, HD_PAD]
-        kv_mask = key_ok[:, None] & d_ok[None, :]
+        if MASKLESS:
+            kv_mask = (pos >= 0)[:, None] & d_ok[None, :]  # the head-dim padding only
+        else:
+            kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, HD_PAD]
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
@@ -102,23 +120,25 @@ if HAS_TRITON:
         start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos,
         mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window,
         BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-        NEW_KEYS: tl.constexpr,
+        NEW_KEYS: tl.constexpr, MASKLESS: tl.constexpr,
     ):
         """One loaded key tile: scores, visibility, online-softmax update. NEW_KEYS False: the
         tile holds committed keys only, visible to every row (but for a window): no tree-mask
-        or causal arithmetic, and no row mask (padding rows are zeroed at the end)."""
+        or causal arithmetic, and no row mask (padding rows are zeroed at the end). MASKLESS
+        (committed keys, no window): a whole tile, every key visible, no mask at all."""
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         # cast: under torch.compile the scale can arrive as an fp64 constant, which would
         # promote the running max and sum to fp64 (a loop-carried type error on the GPU)
         s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale).to(tl.float32)  # [BLOCK_M, BLOCK_N]
-        if NEW_KEYS:
-            visible = _visible_new(pos, key_ok, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t, pos_ptr, sp_b,
-                                   window, IS_TREE, HAS_WINDOW)
-        else:
-            visible = key_ok[None, :]  # [1, BLOCK_N]
-            if HAS_WINDOW:
-                visible = visible & ((qpos[:, None] - pos[None, :]) < window)
-        s = tl.where(visible, s, float("-inf"))
+        if not MASKLESS:
+            if NEW_KEYS:
+                visible = _visible_new(pos, key_ok, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t, pos_ptr,
+                                       sp_b, window, IS_TREE, HAS_WINDOW)
+            else:
+                visible = key_ok[None, :]  # [1, BLOCK_N]
+                if HAS_WINDOW:
+                    visible = visible & ((qpos[:, None] - pos[None, :]) < window)
+            s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -160,25 +180,26 @@ if HAS_TRITON:
         k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
         PRECISION: tl.constexpr, OFFS32: tl.constexpr, NEW_KEYS: tl.constexpr, INTERPRET: tl.constexpr,
+        MASKLESS: tl.constexpr,
     ):
         """The key tiles [lo, hi) in steps of BLOCK_N, folded into the running softmax."""
         if INTERPRET:  # the interpreter cannot take tensor bounds in range() (numpy 2); same body
             start = lo
             while start < hi:
                 k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET)
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET, MASKLESS)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
-                    pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS,
+                    pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS, MASKLESS,
                 )
                 start += BLOCK_N
         else:
             for start in range(lo, hi, BLOCK_N):
                 k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False)
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False, MASKLESS)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
-                    pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS,
+                    pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS, MASKLESS,
                 )
         return m_i, l_i, acc
 
@@ -197,6 +218,7 @@ if HAS_TRITON:
         HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
         PRECISION: tl.constexpr, INTERPRET: tl.constexpr, OFFS32: tl.constexpr, COMMITTED_FIRST: tl.constexpr,
+        BLOCK_N_C: tl.constexpr, MASKLESS_C: tl.constexpr,
     ):
         b = tl.program_id(0) // HKV
         hkv = tl.program_id(0) % HKV
@@ -235,30 +257,40 @@ if HAS_TRITON:
             qpos_min = tl.min(tl.where(row_ok, qpos, 1 << 62), axis=0)
             first = tl.maximum(first, tl.minimum(qpos_min - window + 1, cache_len))
         # split s of NUM_SPLITS: [first + s*L, first + (s+1)*L) within [first, end), L >= MIN_KEYS
-        # and a multiple of BLOCK_N; empty (an lse of -inf) when the row has too few keys
+        # and a multiple of both tile sizes (powers of two: of the larger); empty (an lse of -inf)
+        # when the row has too few keys
         per_split = tl.maximum((end - first + NUM_SPLITS - 1) // NUM_SPLITS, MIN_KEYS)
         per_split = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        per_split = (per_split + BLOCK_N_C - 1) // BLOCK_N_C * BLOCK_N_C
         lo = first + split * per_split
         hi = tl.minimum(lo + per_split, end)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
-        # COMMITTED_FIRST: whole tiles of committed keys first (visible to every row: the cheap
-        # tile), then the rest, which holds the new keys (tree mask or causal) and a partial
+        # COMMITTED_FIRST: whole BLOCK_N_C tiles of committed keys first (visible to every row:
+        # the cheap tile; MASKLESS_C without a window: read with no masks at all), then the rest
+        # in BLOCK_N tiles, which holds the new keys (tree mask or causal) and a partial
         # committed tile
         mid = lo
         if COMMITTED_FIRST:  # False: every tile takes the full visibility arithmetic (the A/B baseline)
-            mid = lo + tl.maximum(tl.minimum(hi, cache_len) - lo, 0) // BLOCK_N * BLOCK_N
-        m_i, l_i, acc = _scan(
-            lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
-            k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
-            BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET,
-        )
+            mid = lo + tl.maximum(tl.minimum(hi, cache_len) - lo, 0) // BLOCK_N_C * BLOCK_N_C
+        if HAS_WINDOW:  # a window hides committed keys: the tiles keep their masks
+            m_i, l_i, acc = _scan(
+                lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+                BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, False,
+            )
+        else:
+            m_i, l_i, acc = _scan(
+                lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+                BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, MASKLESS_C,
+            )
         m_i, l_i, acc = _scan(
             mid, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
             k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
-            BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, True, INTERPRET,
+            BLOCK_SIZE, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, True, INTERPRET, False,
         )
         l_i = tl.where(row_ok, l_i, 0.0)  # padding rows (t >= q_len) see nothing: 0 out, lse -inf
         acc = tl.where(row_ok[:, None], acc, 0.0)
