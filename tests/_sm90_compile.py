@@ -192,7 +192,8 @@ def attention() -> None:
         tree_attention.paged_attention_triton(
             q, k_rows, k_rows, torch.zeros(B, blocks, dtype=I64), slots, cache_len, q_len, q_len if tree_rows else None,
             mask, positions, block_size, 0.125, window, splits, 32,
-            tree_attention.choose_block_n(T * (H // hkv), hd, tree_rows, blocks * block_size), False,
+            tree_attention.choose_block_n(T * (H // hkv), hd, tree_rows, blocks * block_size),
+            *tree_attention.choose_committed_tile(T * (H // hkv), hd, tree_rows), False,
         )
         print(f"ok attention {dtype} H={H}/{hkv} hd={hd} B={B} T={T} tree={tree_rows} splits={splits} window={window}")
     # a draft tree's depth: its lengths are strided [B] views (columns of [B, F] tensors, `_depth_inputs`)
@@ -204,13 +205,14 @@ def attention() -> None:
                 torch.empty(B, F, 9, 64, dtype=dtype), k_rows, k_rows, torch.zeros(B, blocks, dtype=I64),
                 torch.arange(B, dtype=I64), torch.zeros(B, dtype=I64), lens[:, 0], (lens + 8)[:, 0],
                 torch.zeros(B, F, 1, dtype=torch.int32), None, block_size, 0.125, 0, 4, 32,
-                tree_attention.choose_block_n(F * 3, 64, True, blocks * block_size), False,
+                tree_attention.choose_block_n(F * 3, 64, True, blocks * block_size),
+                *tree_attention.choose_committed_tile(F * 3, 64, True), False,
             )
             print(f"ok attention {dtype} draft depth B={B} F={F} (strided lengths)")
     # the launch variants `examples/bench_attention.py --triton-configs` times (committed keys in
     # their own tile size, masked or not) at the two tree-verify layouts
     fixed = tree_attention._fixed_config
-    variants = ((16, 64, True), (32, 64, True), (16, 32, False))
+    variants = ((64, 64, False), (32, 64, True), (16, 32, False))  # beside the chosen ones above
     for (H, hkv, hd), T in (((32, 8, 128), 61), ((9, 3, 64), 49)):
         for block_n, block_n_c, maskless in variants:
             config = dict(BLOCK_N=block_n, BLOCK_N_C=block_n_c, MASKLESS_C=maskless, num_warps=4, num_stages=2,
@@ -222,7 +224,8 @@ def attention() -> None:
                 tree_attention.paged_attention_triton(
                     torch.empty(1, T, H, hd, dtype=torch.bfloat16), k_rows, k_rows, torch.zeros(1, blocks, dtype=I64),
                     torch.zeros(1, dtype=I64), torch.zeros(1, dtype=I64), q_len, q_len,
-                    torch.zeros(1, T, -(-T // 32), dtype=torch.int32), None, block_size, 0.125, 0, 2, 128, block_n, False,
+                    torch.zeros(1, T, -(-T // 32), dtype=torch.int32), None, block_size, 0.125, 0, 2, 128, block_n,
+                    block_n_c, maskless, False,
                 )
             finally:
                 tree_attention._fixed_config = fixed

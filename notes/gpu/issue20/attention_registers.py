@@ -42,7 +42,8 @@ for (H, hkv, hd), T in SHAPES:
         ta.paged_attention_triton(
             torch.empty(1, T, H, hd, dtype=torch.bfloat16), k_rows, k_rows, torch.zeros(1, BLOCKS, dtype=I64),
             torch.zeros(1, dtype=I64), torch.zeros(1, dtype=I64), q_len, q_len,
-            torch.zeros(1, T, -(-T // 32), dtype=torch.int32), None, BLOCK_SIZE, 0.088, 0, 4, 128, bn, False)
+            torch.zeros(1, T, -(-T // 32), dtype=torch.int32), None, BLOCK_SIZE, 0.088, 0, 4, 128, bn, bnc, maskless,
+            False)
         kernel = S.LAST["_paged_attention_kernel"]
         print(f"H={H}/{hkv} hd={hd} T={T:3d} {label:11s} shared {kernel.metadata.shared:6d} :: {ptxas_info(kernel)}",
               flush=True)

@@ -47,17 +47,17 @@ __all__ = ["paged_attention", "paged_attention_triton"]
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _fixed_config(block_n: int) -> dict:
-    """Launch parameters without autotuning (tests: one compile per shape family); `block_n`
-    from `choose_block_n`. The interpreter runs 16-key tiles whatever the choice (fewer numpy
-    steps per tile; it checks semantics, not speed).
-
-    BLOCK_N_C: keys per tile of the committed-keys-only loop (no tree-mask arithmetic there),
-    which may be larger than the new keys' BLOCK_N; MASKLESS_C: that loop reads whole tiles
-    without bounds or visibility masks (used only without a sliding window)."""
+def _fixed_config(block_n: int, committed_block_n: int, maskless: bool) -> dict:
+    """Launch parameters without autotuning (tests: one compile per shape family); the tiles
+    from `choose_block_n` and `choose_committed_tile`. BLOCK_N_C: keys per tile of the
+    committed-keys-only loop (no tree-mask arithmetic there), which may be larger than the new
+    keys' BLOCK_N; MASKLESS_C: that loop reads whole tiles without bounds or visibility masks
+    (used only without a sliding window). The interpreter runs 16-key tiles for the new keys
+    whatever the choice (fewer numpy steps per tile; it checks semantics, not speed), and the
+    committed tiles as chosen, so that it checks the path the GPU runs."""
     if _INTERPRET:
-        return dict(BLOCK_N=16, BLOCK_N_C=16, MASKLESS_C=False, COMMITTED_FIRST=True)
-    return dict(BLOCK_N=block_n, BLOCK_N_C=block_n, MASKLESS_C=False, num_warps=4, num_stages=2,
+        return dict(BLOCK_N=16, BLOCK_N_C=committed_block_n, MASKLESS_C=maskless, COMMITTED_FIRST=True)
+    return dict(BLOCK_N=block_n, BLOCK_N_C=committed_block_n, MASKLESS_C=maskless, num_warps=4, num_stages=2,
                 COMMITTED_FIRST=True)
 
 
@@ -354,6 +354,8 @@ if HAS_TRITON:
         num_splits: int,  # key splits, >= 1; static (does not follow the context length)
         min_split_keys: int,  # >= 1: a split scans at least this many keys (short contexts: fewer live splits)
         block_n: int,  # keys per tile without autotuning: 16, 32, 64 or 128 (`choose_block_n`)
+        committed_block_n: int,  # keys per committed-keys-only tile, one of the same (`choose_committed_tile`)
+        maskless_committed: bool,  # those whole tiles read without masks (ignored under a window)
         autotune: bool,
     ) -> torch.Tensor:
         """Attention of `q` over the paged layer `k_rows`/`v_rows`; returns [B, T, H, hd]."""
@@ -388,7 +390,7 @@ if HAS_TRITON:
         if autotune:
             kernel, config = _paged_attention_tuned, {}
         else:
-            kernel, config = _paged_attention_kernel, _fixed_config(block_n)
+            kernel, config = _paged_attention_kernel, _fixed_config(block_n, committed_block_n, maskless_committed)
         wrap_triton(kernel)[grid](
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
@@ -473,21 +475,37 @@ BLOCK_NS = (16, 32, 64, 128)  # the key-tile sizes the kernel is built for witho
 
 
 def choose_block_n(rows: int, head_dim: int, is_tree: bool, max_kv_len: int) -> int:
-    """Keys per tile (BLOCK_N) without autotuning: 16 for a tree verify's tiles (>= 32 query
-    rows, a tree mask) at head_dim <= 64 under a key bound of at most 1024, else 64. Static
-    sizes only, like the split count.
+    """Keys per tile (BLOCK_N) of the tiles that hold new keys (tree mask or causal), without
+    autotuning: 64 for a prefill (>= 32 query rows, causal), else 16, the committed keys going
+    in their own larger tiles (`choose_committed_tile`). Static sizes only, like the split
+    count; `max_kv_len` no longer moves it (64 at hd 128 or past 1024 keys before the committed
+    tiles had their own size).
 
-    Measured on the H200 (graph ms per forward over all layers, bf16; 16 / 32 / 64-key tiles):
-    - SmolLM2 layout (30 layers, 3 KV heads, hd 64), tree N=49, context 320, bound 640: batch 1
-      0.412 / 0.460 / 0.535, batch 8 0.605 / 0.652 / 0.752; its decode (0.241 / 0.216 / 0.210
-      at batch 1, 0.325 / 0.285 / 0.263 at batch 8) and prefill (0.500 / 0.465 / 0.470) keep
-      64 (`notes/gpu/issue20/attention_smollm2_tiles_dcb5618_h200.log`);
-    - 8B layout (hd 128), tree N=61: batch 1 at 1k 0.74 / 0.83 / 1.00, but at 4k 2.24 / 1.96 /
-      1.82 and at batch 8 3.23 / 2.99 / 2.98 (1k) (`notes/gpu/issue20/ATTENTION.md`), so hd 128
-      keeps 64, and so do longer bounds, which no hd-64 run has measured yet."""
-    if is_tree and _heavy_tile(rows) and head_dim <= 64 and max_kv_len <= 1024:
-        return 16
-    return 64
+    Measured on an H100 (graph ms per forward over all layers, bf16, batch 1 / 8; the launch as
+    `examples/bench_attention.py --triton-configs` spells it, "c64m": 64-key committed tiles
+    without masks; `notes/gpu/issue20/ab_*_9b66845_h100.log`):
+    - 8B layout (32 layers, hd 128), tree N=61, context 1k: 64x4x2 (the choice before) 0.977 /
+      2.173, 16x4x2 0.732 / 2.859, 16x4x2c64m 0.715 / 1.716; context 4k: 1.783 / 5.917, 2.218 /
+      9.636, 1.191 / 5.201; its decode at 1k 0.313 / 0.686 against 0.275 / 0.624 at 16x4x2c64m
+      (4k: 0.519 / 1.743, 0.460 / 1.670); its prefill keeps 64x4x2 (2.552 ms at 1k, 2.602 with
+      maskless committed tiles, 3.506 at 16x4x2c64m);
+    - SmolLM2 layout (30 layers, 3 KV heads, hd 64), tree N=49, context 320, bound 640:
+      16x4x2 (the choice before) 0.405 / 0.587, 16x4x2c64m 0.368 / 0.520, 16x4x2c32m 0.374 /
+      0.538; its decode 64x4x2 0.178 / 0.229, 16x4x2c32m 0.160 / 0.206, 16x4x2c64m 0.166 /
+      0.213; its prefill 64x4x2 0.466, 64x4x2m 0.463."""
+    if _heavy_tile(rows) and not is_tree:
+        return 64
+    return 16
+
+
+def choose_committed_tile(rows: int, head_dim: int, is_tree: bool) -> tuple[int, bool]:
+    """(keys per committed-keys-only tile, whether those whole tiles are read without masks):
+    a prefill keeps its 64-key tiles with masks; a tree verify takes 64 maskless; decode tiles
+    (< 32 query rows: decode, chain verify, a draft depth) 64 maskless at head_dim > 64, 32 at
+    head_dim <= 64. Measured beside `choose_block_n` (its docstring has the table)."""
+    if _heavy_tile(rows):
+        return (64, True) if is_tree else (64, False)
+    return (64 if head_dim > 64 else 32), True
 
 
 def _check_positive(value, name: str, default: str) -> None:
@@ -536,6 +554,7 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
     if type(block_n) is not int or block_n not in BLOCK_NS:
         raise ValueError(f"block_n={block_n!r} is not allowed; allowed: {', '.join(map(str, BLOCK_NS))} "
                          "(or None: chosen from the tile)")
+    committed_block_n, maskless = choose_committed_tile(rows, q.shape[-1], batch.tree_mask is not None)
     positions = query_positions(batch) if sliding_window is not None else None
     out = paged_attention_triton(
         q,
@@ -554,6 +573,8 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         num_splits,
         min_split_keys,
         block_n,
+        committed_block_n,
+        maskless,
         bool(autotune),
     )
     return out if out.dtype == out_dtype else out.to(out_dtype)
