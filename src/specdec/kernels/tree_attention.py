@@ -430,7 +430,8 @@ def _heavy_tile(rows: int) -> bool:
 def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num_sms: int) -> int:
     """Key splits so that the grid fills the GPU: >= 1, at most 32, and at most
     max_kv_len // choose_min_split_keys(rows) (a split of the longest row has at least the
-    fewest keys a split scans: 128 for tree and prefill tiles, 32 for decode tiles). `rows`:
+    fewest keys a split scans, as `choose_min_split_keys` stood before head_dim moved it: 128 for
+    tree and prefill tiles, 32 for decode tiles). `rows`:
     query rows per (request, KV head), i.e. new tokens x heads of the GQA group, cut into
     `_block_m(rows)` tiles. Static sizes only, so one launch (one CUDA graph) serves every context length up
     to max_kv_len.
@@ -448,13 +449,16 @@ def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num
     layout (3 KV heads, context 320, bound 640) 0.175 ms at 16 splits against 0.208 at 5, at
     batch 8 0.225 against 0.261 (`attention_smollm2_splits_dcb5618_h200.log`)."""
     programs = batch * kv_heads * -(-rows // _block_m(rows))
-    if _heavy_tile(rows) and programs >= num_sms:
+    heavy = _heavy_tile(rows)
+    if heavy and programs >= num_sms:
         return 1
-    want = -(-2 * num_sms // programs)
-    return max(1, min(want, max_kv_len // choose_min_split_keys(rows), 32))
+    # heavy tiles: at most 2 programs per SM (a third wave for a few programs costs more than it
+    # splits: H100, 8B tree N=61 at 4k under a 4224-key bound, 9 splits 1.180 ms, 8 0.983)
+    want = 2 * num_sms // programs if heavy else -(-2 * num_sms // programs)
+    return max(1, min(want, max_kv_len // (128 if heavy else 32), 32))
 
 
-def choose_min_split_keys(rows: int) -> int:
+def choose_min_split_keys(rows: int, head_dim: int) -> int:
     """The fewest keys a split scans: the split count is static (from max_kv_len), so at a
     context far shorter than max_kv_len its splits would each get a handful of keys, every one
     re-reading the tile's queries and writing a partial for the combine. Splits then take at
@@ -467,8 +471,16 @@ def choose_min_split_keys(rows: int) -> int:
     0.225 both; notes/gpu/issue20/attention_ctx256_max2048_712ced3.log): near-empty splits
     cost nothing measurable on the 8B layout. On the SmolLM2 layout (hd 64, 3 KV heads; tree
     N=49, context 320, bound 640, batch 1) floors of 32 / 64 / 128 keys measured 0.530 /
-    0.533 / 0.534 ms per forward: neutral too (`attention_smollm2_splits_dcb5618_h200.log`)."""
-    return 128 if _heavy_tile(rows) else 32
+    0.533 / 0.534 ms per forward: neutral too (`attention_smollm2_splits_dcb5618_h200.log`).
+
+    Since the committed keys go in 64-key maskless tiles (`choose_committed_tile`), tree and
+    prefill tiles at head_dim > 64 take at least 256 keys: on an H100 (8B layout, tree N=61,
+    batch 1, under the engine's 4224-key bound) at context 1k 0.676 ms against 0.864 at 128
+    (8 splits, of which 5 get keys, against 9 of 128; 4 splits: 0.665), at 4k 0.989 against
+    0.983, where the splits hold ~520 keys either way (`notes/gpu/issue20/splits_*_ad1b732_h100.log`)."""
+    if not _heavy_tile(rows):
+        return 32
+    return 256 if head_dim > 64 else 128
 
 
 BLOCK_NS = (16, 32, 64, 128)  # the key-tile sizes the kernel is built for without autotuning
@@ -547,7 +559,7 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         num_splits = choose_num_splits(B, hkv, rows, batch.max_kv_len, cache.num_sms)
     _check_positive(num_splits, "num_splits", "chosen from the grid size")
     if min_split_keys is None:
-        min_split_keys = choose_min_split_keys(rows)
+        min_split_keys = choose_min_split_keys(rows, q.shape[-1])
     _check_positive(min_split_keys, "min_split_keys", "chosen from the tile")
     if block_n is None:
         block_n = choose_block_n(rows, q.shape[-1], batch.tree_mask is not None, batch.max_kv_len)
