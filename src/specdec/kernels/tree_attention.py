@@ -428,15 +428,16 @@ def _heavy_tile(rows: int) -> bool:
 
 
 def choose_num_splits(batch: int, kv_heads: int, rows: int, max_kv_len: int, num_sms: int) -> int:
-    """Key splits so that the grid fills the GPU: >= 1, at most 32, and at most
-    max_kv_len // choose_min_split_keys(rows) (a split of the longest row has at least the
-    fewest keys a split scans, as `choose_min_split_keys` stood before head_dim moved it: 128 for
-    tree and prefill tiles, 32 for decode tiles). `rows`:
+    """Key splits so that the grid fills the GPU: >= 1, at most 32, and at most max_kv_len // 128
+    for tree and prefill tiles, max_kv_len // 32 for decode tiles (the fewest keys a split
+    scanned before `choose_min_split_keys` took head_dim into account; at head_dim 128 a tree
+    tile's splits now take at least 256 keys, so under a short bound some stay empty). `rows`:
     query rows per (request, KV head), i.e. new tokens x heads of the GQA group, cut into
     `_block_m(rows)` tiles. Static sizes only, so one launch (one CUDA graph) serves every context length up
     to max_kv_len.
 
-    Decode tiles (< 32 query rows per program) aim at 2 programs per SM. Tree and prefill
+    Decode tiles (< 32 query rows per program) aim at 2 programs per SM (rounded up); tree and
+    prefill tiles at most 2 per SM (rounded down). Tree and prefill
     tiles (>= 32 rows) are not split once the unsplit grid already holds a program per SM:
     each split re-reads the tile's queries and adds a combine, and a heavy tile per SM already
     keeps the GPU busy. Measured on the H200 (8B layout, context 256, N = 49, 32 layers):
@@ -463,8 +464,8 @@ def choose_min_split_keys(rows: int, head_dim: int) -> int:
     context far shorter than max_kv_len its splits would each get a handful of keys, every one
     re-reading the tile's queries and writing a partial for the combine. Splits then take at
     least this many keys and the rest stay empty. Tree and prefill tiles (>= 32 query rows):
-    128; decode tiles: 32. Measured on the H200 (8B layout, context 256, 32 layers): a
-    batch-1 N = 49 tree verify was fastest at 128 keys per split (2 splits: 0.71 ms; 4: 0.75;
+    128 at head_dim <= 64, 256 above (below); decode tiles: 32. Measured on the H200 (8B
+    layout, context 256, 32 layers): a batch-1 N = 49 tree verify was fastest at 128 keys per split (2 splits: 0.71 ms; 4: 0.75;
     8, i.e. 32 keys each: 0.85), a batch-1 decode at 32 keys per split (8 splits: 0.22 ms;
     2: 0.33). The floor itself measured neutral there (same layout, context 256 under a
     2048-key bound, 16 splits chosen: tree 0.867 vs 0.865 ms with a floor of 1 key, decode
