@@ -1,8 +1,8 @@
 """Paged attention as one Triton kernel: prefill (causal), decode and tree verification.
 
 Owns the kernel that reads K/V straight from `PagedKVCache` through the block tables
-(no gathered copy), its split-KV combine kernel, and `paged_attention` (the entry point
-behind `runtime.attention(..., impl="triton")`). The specification is
+(no gathered copy), its split-KV combine (fused, or a kernel of its own), and
+`paged_attention` (the entry point behind `runtime.attention(..., impl="triton")`). The specification is
 `specdec.runtime.attention.attention_ref`, with the same arguments; the visibility rule
 (including `key_len`) is written down there and is not repeated here. Imports only
 `runtime.attention_batch` from specdec.
@@ -11,7 +11,9 @@ Work split: one program per (row b, KV head, tile of BLOCK_M query rows, key spl
 query rows of a tile are (t, g) pairs, t = query row, g = head in the GQA group of that KV
 head, so the G query heads sharing a KV head read each K/V tile once. Long contexts with
 few programs (bs 1) are split along the keys (flash-decoding); each split writes a partial
-output and its log-sum-exp, and a second kernel combines them.
+output and its log-sum-exp, and the split that finishes a query tile last (an arrival counter
+per program of the unsplit grid, the cache's `split_arrivals`) combines them in the same
+launch and resets its counter; without counters a second kernel combines.
 
 Launches do not depend on the context length (one CUDA graph serves every length): the
 number of splits NUM_SPLITS comes from static sizes only (`choose_num_splits`; max_kv_len
@@ -21,7 +23,7 @@ count: the tile's keys [lo, end) (end = cache_len + new keys, fewer for a causal
 NUM_SPLITS) keys (at least min_split_keys: `choose_min_split_keys`) rounded up to the key tiles
 (BLOCK_N for the new keys, BLOCK_N_C for committed ones); split s scans [lo + s*L, lo + (s+1)*L) ∩ [lo, end).
 Splits past the real length scan nothing and write an empty partial (lse = -inf), which
-the combine kernel gives weight 0.
+the combine gives weight 0.
 """
 
 from __future__ import annotations
