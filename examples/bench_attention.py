@@ -16,7 +16,6 @@ is not in its times. `--quick` runs tiny sizes on CPU (Triton interpreted).
     python examples/bench_attention.py --impls triton --context 1024 --nodes 61 \
         --triton-configs 64x4x2 32x4x2 32x8x2 64x8x2   # the kernel's launch config, side by side
     python examples/bench_attention.py --impls triton --num-splits 0 1 2 4 8   # key splits (0: chosen)
-    python examples/bench_attention.py --impls triton --combine fused kernel   # split-KV combine in the launch or not
     python examples/bench_attention.py --impls triton --context 256 --max-kv-len 4096 --min-split-keys 1 0
         # a short real context under the engine's static bound: splits of a few keys (1) vs the chosen fewest
     python examples/bench_attention.py --layout smollm2 --impls triton --context 320 --nodes 49 \
@@ -176,9 +175,6 @@ def main() -> None:
     parser.add_argument("--max-kv-len", type=int, default=0,
                         help="the static key bound the batches carry, as the engine's max_seq_len (default: the "
                              "case's real key count); the split count follows it, the real context does not")
-    parser.add_argument("--combine", nargs="+", choices=("fused", "kernel"), default=None,
-                        help="time the Triton kernel with the split-KV combine fused into its launch (the last split "
-                             "of a tile combines) and/or as the second kernel (default: the kernel's own choice)")
     parser.add_argument("--min-split-keys", nargs="+", type=int, default=None, metavar="K",
                         help="time the Triton kernel with each fewest-keys-per-split (0: the one it picks)")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="8b",
@@ -194,7 +190,6 @@ def main() -> None:
     if args.num_splits and min(args.num_splits) < 0:
         raise SystemExit(f"--num-splits: {args.num_splits} must all be >= 0 (0: the kernel's own choice)")
     splits = [s or None for s in args.num_splits] if args.num_splits else [None]
-    combines = args.combine or [None]
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
@@ -236,26 +231,22 @@ def main() -> None:
                                               torch.full((1,), ctx, device=device), ctx, max_kv_len=bound(ctx)), ctx, ctx)
         for name, (batch, T, keys) in cases.items():
             q = torch.randn(B, T, H, hd, generator=gen).to(device, dtype)
-            runs = [(impl, cfg, sp, mk, comb) for impl in impls
+            runs = [(impl, cfg, sp, mk) for impl in impls
                     for cfg in (configs if impl == "triton" else [None])
                     for sp in (splits if impl == "triton" else [None])
-                    for mk in (min_keys if impl == "triton" else [None])
-                    for comb in (combines if impl == "triton" else [None])]
-            for impl, cfg, sp, mk, comb in runs:
+                    for mk in (min_keys if impl == "triton" else [None])]
+            for impl, cfg, sp, mk in runs:
                 if impl == "ref" and name == "prefill" and not args.quick:
                     continue  # dense [H, 2k, 2k] float32 scores: not a fair or useful number
                 label = impl if cfg is None else _config_label(cfg)
                 label += ("" if sp is None else f"/s{sp}") + ("" if mk is None else f"/k{mk}")
-                label += "" if comb is None else f"/{comb}"
-                fused = None if comb is None else comb == "fused"
 
-                def forward(impl=impl, q=q, batch=batch, sp=sp, mk=mk, fused=fused):
+                def forward(impl=impl, q=q, batch=batch, sp=sp, mk=mk):
                     for layer in range(L):
-                        if sp is None and mk is None and fused is None:
+                        if sp is None and mk is None:
                             attention(q, cache, layer, batch, scale=scale, impl=impl)
                         else:
-                            paged_attention(q, cache, layer, batch, scale=scale, num_splits=sp, min_split_keys=mk,
-                                            fused_combine=fused)
+                            paged_attention(q, cache, layer, batch, scale=scale, num_splits=sp, min_split_keys=mk)
 
                 try:
                     with launch_config(cfg):

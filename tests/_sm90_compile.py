@@ -179,9 +179,6 @@ ATTENTION_CASES = (
 )
 
 
-ARRIVALS = torch.zeros(4096, dtype=torch.int32)  # a cache's `split_arrivals`: the combine fused when split
-
-
 def attention() -> None:
     """Paged attention at the launches of `ATTENTION_CASES` (the split-KV combine with them)."""
     block_size, blocks = 16, 8
@@ -195,8 +192,8 @@ def attention() -> None:
         tree_attention.paged_attention_triton(
             q, k_rows, k_rows, torch.zeros(B, blocks, dtype=I64), slots, cache_len, q_len, q_len if tree_rows else None,
             mask, positions, block_size, 0.125, window, splits, 32,
-            tree_attention.choose_block_n(T * (H // hkv), tree_rows),
-            *tree_attention.choose_committed_tile(T * (H // hkv), hd, tree_rows), False, ARRIVALS,
+            tree_attention.choose_block_n(T * (H // hkv), hd, tree_rows, blocks * block_size),
+            *tree_attention.choose_committed_tile(T * (H // hkv), hd, tree_rows), False,
         )
         print(f"ok attention {dtype} H={H}/{hkv} hd={hd} B={B} T={T} tree={tree_rows} splits={splits} window={window}")
     # a draft tree's depth: its lengths are strided [B] views (columns of [B, F] tensors, `_depth_inputs`)
@@ -208,13 +205,12 @@ def attention() -> None:
                 torch.empty(B, F, 9, 64, dtype=dtype), k_rows, k_rows, torch.zeros(B, blocks, dtype=I64),
                 torch.arange(B, dtype=I64), torch.zeros(B, dtype=I64), lens[:, 0], (lens + 8)[:, 0],
                 torch.zeros(B, F, 1, dtype=torch.int32), None, block_size, 0.125, 0, 4, 32,
-                tree_attention.choose_block_n(F * 3, True),
-                *tree_attention.choose_committed_tile(F * 3, 64, True), False, ARRIVALS,
+                tree_attention.choose_block_n(F * 3, 64, True, blocks * block_size),
+                *tree_attention.choose_committed_tile(F * 3, 64, True), False,
             )
             print(f"ok attention {dtype} draft depth B={B} F={F} (strided lengths)")
     # the launch variants `examples/bench_attention.py --triton-configs` times (committed keys in
-    # their own tile size, masked or not) at the two tree-verify layouts, with the split-KV
-    # combine as its own kernel (the launches above fuse it: `ARRIVALS`)
+    # their own tile size, masked or not) at the two tree-verify layouts
     fixed = tree_attention._fixed_config
     variants = ((64, 64, False), (32, 64, True), (16, 32, False))  # beside the chosen ones above
     for (H, hkv, hd), T in (((32, 8, 128), 61), ((9, 3, 64), 49)):

@@ -88,7 +88,7 @@ def tree_cases(draw, head_dims=(4, 8, 12, 16), max_committed=50, max_window=24):
         window=draw(st.one_of(st.none(), st.integers(1, max_window))), splits=draw(st.integers(1, 3)),
         combine_rows=draw(st.sampled_from([1, 2, 16])), committed_first=draw(st.booleans()),
         committed_tile=draw(st.sampled_from([1, 2, 4])), maskless=draw(st.booleans()),
-        fused=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+        seed=draw(st.integers(0, 2**16)),
     )
 
 
@@ -111,8 +111,7 @@ def build_tree_step(case):
 def kernel_against_reference(case, min_split_keys=None, block_n=None):
     """The Triton kernel on `case` under the case's launch variant (committed-keys-only tiles
     first or not, their tile size as a multiple of the new keys' tile, masks on or off, the
-    split-KV combine fused into the launch or a second kernel, that kernel's rows per program:
-    GPU 1, interpreter 16) == the dense reference; the fused combine leaves its counters at 0."""
+    split-KV combine's rows per program: GPU 1, interpreter 16) == the dense reference."""
     note(case)
     cache, batch, q = build_tree_step(case)
     scale = case["head_dim"] ** -0.5
@@ -128,9 +127,8 @@ def kernel_against_reference(case, min_split_keys=None, block_n=None):
             mock.patch.object(tree_attention, "_fixed_config", config):
         out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
                               num_splits=case["splits"], autotune=False, min_split_keys=min_split_keys,
-                              block_n=block_n, fused_combine=case.get("fused", True))
+                              block_n=block_n)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
-    assert not cache.split_arrivals.any(), "the last split of each tile resets its counter"
 
 
 # GPU: 80 examples, not the profile's 500: each draws a new kernel specialization (head dim,
@@ -634,8 +632,7 @@ def test_fewest_keys_per_split_follow_the_tile(rows, head_dim, want):
 @pytest.mark.parametrize(
     "name, bad, message",
     [("min_split_keys", bad, "must be an int >= 1") for bad in (0, -3, 2.0, True)]
-    + [("block_n", bad, "is not allowed; allowed: 16, 32, 64, 128") for bad in (0, 8, 48, 256, True, 16.0)]
-    + [("fused_combine", bad, "must be True, False or None") for bad in (1, "yes")],
+    + [("block_n", bad, "is not allowed; allowed: 16, 32, 64, 128") for bad in (0, 8, 48, 256, True, 16.0)],
 )
 def test_a_bad_launch_parameter_is_named_with_its_range(name, bad, message):
     """The fewest keys per split and the key tile, forced to a value the kernel cannot take."""
@@ -646,34 +643,21 @@ def test_a_bad_launch_parameter_is_named_with_its_range(name, bad, message):
         paged_attention(q, cache, 0, batch, scale=0.25, num_splits=2, **{name: bad})
 
 
-def test_a_fused_combine_without_enough_counters_is_refused_or_left_to_the_second_kernel():
-    """fused_combine=True names the counters the grid needs and those the cache has; None falls
-    back to the combine kernel (the same result); the counters stay 0 either way."""
-    case = dict(batch=2, num_slots=3, parents=[[-1, 0, 0], [-1, 0]], num_nodes=[3, 2], committed=[40, 9], block_size=4,
-                kv_heads=2, group=2, head_dim=16, seed=0)
-    cache, batch, q = build_tree_step(case)
-    want = paged_attention(q, cache, 0, batch, scale=0.25, num_splits=3, fused_combine=True)
-    cache.split_arrivals = cache.split_arrivals[:3]  # the grid has 2 rows x 2 KV heads x 1 tile = 4 programs
-    with pytest.raises(ValueError, match="fused_combine=True needs 4 split counters .* the cache has 3"):
-        paged_attention(q, cache, 0, batch, scale=0.25, num_splits=3, fused_combine=True)
-    torch.testing.assert_close(paged_attention(q, cache, 0, batch, scale=0.25, num_splits=3), want)
-    assert not cache.split_arrivals.any()
-
-
 @pytest.mark.parametrize(
-    "rows, head_dim, is_tree, want",
+    "rows, head_dim, is_tree, max_kv_len, want",
     [
-        # (new keys' tile, committed tile, maskless); H100 graph ms at batch 1 in the comments; the
-        # context bound moves none of them (the 8B finding held at 1k and at 4k)
-        (49 * 3, 64, True, (16, 64, True)),  # SmolLM2 tree verify: 0.368 against 0.405 at 16x4x2
-        (61 * 4, 128, True, (16, 64, True)),  # 8B tree verify: 0.715 against 0.977 at 64x4x2 (1k), 1.191 / 1.783 (4k)
-        (6 * 3, 64, True, (16, 32, True)),  # a chain verify's 18 rows: a decode tile
-        (3, 64, False, (16, 32, True)),  # SmolLM2 decode: 0.160 against 0.178 at 64x4x2
-        (4, 128, True, (16, 64, True)),  # 8B decode (one-node tree): 0.275 against 0.313
-        (257 * 3, 64, False, (64, 64, False)),  # prefill (causal, no tree mask) keeps 64x4x2
+        # (new keys' tile, committed tile, maskless); H100 graph ms at batch 1 in the comments
+        (49 * 3, 64, True, 640, (16, 64, True)),  # SmolLM2 tree verify: 0.368 against 0.405 at 16x4x2
+        (49 * 3, 64, True, 2048, (16, 64, True)),  # a longer bound: the 8B finding at 4k
+        (61 * 4, 128, True, 1024, (16, 64, True)),  # 8B tree verify: 0.715 against 0.977 at 64x4x2 (1k)
+        (61 * 4, 128, True, 4096, (16, 64, True)),  # ... 1.191 against 1.783 (4k)
+        (6 * 3, 64, True, 640, (16, 32, True)),  # a chain verify's 18 rows: a decode tile
+        (3, 64, False, 640, (16, 32, True)),  # SmolLM2 decode: 0.160 against 0.178 at 64x4x2
+        (4, 128, True, 1024, (16, 64, True)),  # 8B decode (one-node tree): 0.275 against 0.313
+        (257 * 3, 64, False, 640, (64, 64, False)),  # prefill (causal, no tree mask) keeps 64x4x2
     ],
 )
-def test_key_tiles_follow_the_tile_the_head_dim_and_the_mask(rows, head_dim, is_tree, want):
-    block_n = tree_attention.choose_block_n(rows, is_tree)
+def test_key_tiles_follow_the_tile_the_head_dim_and_the_mask(rows, head_dim, is_tree, max_kv_len, want):
+    block_n = tree_attention.choose_block_n(rows, head_dim, is_tree, max_kv_len)
     assert (block_n, *tree_attention.choose_committed_tile(rows, head_dim, is_tree)) == want
 

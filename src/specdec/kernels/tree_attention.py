@@ -1,8 +1,8 @@
 """Paged attention as one Triton kernel: prefill (causal), decode and tree verification.
 
 Owns the kernel that reads K/V straight from `PagedKVCache` through the block tables
-(no gathered copy), its split-KV combine (fused, or a kernel of its own), and
-`paged_attention` (the entry point behind `runtime.attention(..., impl="triton")`). The specification is
+(no gathered copy), its split-KV combine kernel, and `paged_attention` (the entry point
+behind `runtime.attention(..., impl="triton")`). The specification is
 `specdec.runtime.attention.attention_ref`, with the same arguments; the visibility rule
 (including `key_len`) is written down there and is not repeated here. Imports only
 `runtime.attention_batch` from specdec.
@@ -11,9 +11,7 @@ Work split: one program per (row b, KV head, tile of BLOCK_M query rows, key spl
 query rows of a tile are (t, g) pairs, t = query row, g = head in the GQA group of that KV
 head, so the G query heads sharing a KV head read each K/V tile once. Long contexts with
 few programs (bs 1) are split along the keys (flash-decoding); each split writes a partial
-output and its log-sum-exp, and the split that finishes a query tile last (an arrival counter
-per program of the unsplit grid, the cache's `split_arrivals`) combines them in the same
-launch and resets its counter; without counters a second kernel combines.
+output and its log-sum-exp, and a second kernel combines them.
 
 Launches do not depend on the context length (one CUDA graph serves every length): the
 number of splits NUM_SPLITS comes from static sizes only (`choose_num_splits`; max_kv_len
@@ -23,7 +21,7 @@ count: the tile's keys [lo, end) (end = cache_len + new keys, fewer for a causal
 NUM_SPLITS) keys (at least min_split_keys: `choose_min_split_keys`) rounded up to the key tiles
 (BLOCK_N for the new keys, BLOCK_N_C for committed ones); split s scans [lo + s*L, lo + (s+1)*L) ∩ [lo, end).
 Splits past the real length scan nothing and write an empty partial (lse = -inf), which
-the combine gives weight 0.
+the combine kernel gives weight 0.
 """
 
 from __future__ import annotations
@@ -106,7 +104,10 @@ if HAS_TRITON:
         if OFFS32:  # the layer's rows fit in 2^31 elements (checked on the host): 32-bit offsets
             row = row.to(tl.int32)
         kv_off = row[:, None] * skv_tok + hkv * skv_h + d[None, :]  # [BLOCK_N, HD_PAD]
-        kv_mask = key_ok[:, None] & d_ok[None, :]  # MASKLESS: the head-dim padding only
+        if MASKLESS:
+            kv_mask = (pos >= 0)[:, None] & d_ok[None, :]  # the head-dim padding only
+        else:
+            kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, HD_PAD]
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
@@ -213,13 +214,11 @@ if HAS_TRITON:
         pos_ptr, sp_b,  # RoPE positions [B, T] (unused without a window)
         o_ptr, so_s, so_b, so_t, so_h,  # out [B, T, H, hd], or partial [S, B, T, H, hd] fp32
         lse_ptr, sl_s, sl_b, sl_t,  # partial log-sum-exp [S, B, T, H] fp32 (NUM_SPLITS > 1)
-        out_ptr, sout_b, sout_t, sout_h,  # out [B, T, H, hd] (FUSED_COMBINE: the last split of a tile writes it)
-        arrivals_ptr,  # [>= B * HKV * tiles] int32, all 0 between launches (FUSED_COMBINE)
         scale, window, T, HKV, G, ROWS, NUM_SPLITS, MAX_POS, MIN_KEYS,  # runtime ints: fewer specializations
         HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
         PRECISION: tl.constexpr, INTERPRET: tl.constexpr, OFFS32: tl.constexpr, COMMITTED_FIRST: tl.constexpr,
-        BLOCK_N_C: tl.constexpr, MASKLESS_C: tl.constexpr, FUSED_COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
+        BLOCK_N_C: tl.constexpr, MASKLESS_C: tl.constexpr,
     ):
         b = tl.program_id(0) // HKV
         hkv = tl.program_id(0) % HKV
@@ -276,11 +275,18 @@ if HAS_TRITON:
         mid = lo
         if COMMITTED_FIRST:  # False: every tile takes the full visibility arithmetic (the A/B baseline)
             mid = lo + tl.maximum(tl.minimum(hi, cache_len) - lo, 0) // BLOCK_N_C * BLOCK_N_C
-        m_i, l_i, acc = _scan(  # MASKLESS_C is False under a window (the host clears it): masks kept
-            lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
-            k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
-            BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, MASKLESS_C,
-        )
+        if HAS_WINDOW:  # a window hides committed keys: the tiles keep their masks
+            m_i, l_i, acc = _scan(
+                lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+                BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, False,
+            )
+        else:
+            m_i, l_i, acc = _scan(
+                lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+                BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, MASKLESS_C,
+            )
         m_i, l_i, acc = _scan(
             mid, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
             k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
@@ -296,49 +302,6 @@ if HAS_TRITON:
         if SPLIT:
             lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
             tl.store(lse_ptr + split * sl_s + b * sl_b + t * sl_t + h, lse, mask=m < ROWS)
-            if FUSED_COMBINE:
-                # the split that arrives last at this tile combines every split's partial: no
-                # second kernel. The barrier orders all threads' stores above before the arrival
-                # (a release at GPU scope); the last arrival's acquire makes the others' visible.
-                tl.debug_barrier()
-                counter = arrivals_ptr + tl.program_id(0) * tl.num_programs(1) + tile
-                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")  # splits here before this one
-                if arrived == NUM_SPLITS - 1:
-                    _combine_tile(o_ptr, so_s, so_b, so_t, so_h, lse_ptr, sl_s, sl_b, sl_t,
-                                  out_ptr, sout_b, sout_t, sout_h, b, t, h, m < ROWS, d, d_ok, NUM_SPLITS,
-                                  HD_PAD, BLOCK_M, SPLITS_PAD)
-                    tl.store(counter, 0)  # ready for the next launch (and the next graph replay)
-
-    @triton.jit
-    def _combine_tile(
-        part_ptr, sp_s, sp_b, sp_t, sp_h, lse_ptr, sl_s, sl_b, sl_t, out_ptr, so_b, so_t, so_h,
-        b, t, h, m_ok, d, d_ok, NUM_SPLITS,
-        HD_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    ):
-        """out of one tile's BLOCK_M rows from the NUM_SPLITS partials (the same sum as
-        `_combine_kernel`): weights exp(lse_s - top) / sum_s exp(lse_s - top), empty splits
-        (lse -inf) not read. The splits are unrolled (SPLITS_PAD, a power of two >= NUM_SPLITS)
-        so their loads need not wait on each other; they bypass L1 (.cg): other programs wrote
-        them."""
-        s = tl.arange(0, SPLITS_PAD)
-        lse_rows = b * sl_b + t * sl_t + h  # [BLOCK_M]
-        lse = tl.load(lse_ptr + s[:, None] * sl_s + lse_rows[None, :], mask=(s < NUM_SPLITS)[:, None] & m_ok[None, :],
-                      other=float("-inf"), cache_modifier=".cg")  # [SPLITS_PAD, BLOCK_M]
-        top = tl.max(lse, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)  # [BLOCK_M]
-        total = tl.sum(tl.exp(lse - top[None, :]), axis=0)
-        inv = 1.0 / tl.where(total > 0, total, 1.0)  # rows no split saw stay 0
-        part_rows = b * sp_b + t[:, None] * sp_t + h[:, None] * sp_h + d[None, :]  # [BLOCK_M, HD_PAD]
-        acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
-        for i in tl.static_range(SPLITS_PAD):
-            lse_i = tl.load(lse_ptr + i * sl_s + lse_rows, mask=m_ok & (i < NUM_SPLITS), other=float("-inf"),
-                            cache_modifier=".cg")  # [BLOCK_M]
-            w = tl.exp(lse_i - top) * inv
-            part = tl.load(part_ptr + i * sp_s + part_rows, mask=(w > 0)[:, None] & d_ok[None, :], other=0.0,
-                           cache_modifier=".cg")  # [BLOCK_M, HD_PAD] fp32
-            acc += part * w[:, None]
-        out_off = b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :]
-        tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
     _paged_attention_tuned = triton.autotune(
         configs=_autotune_configs(), key=["ROWS", "HD_PAD", "BLOCK_M", "IS_TREE", "SPLIT", "NUM_SPLITS"]
@@ -373,7 +336,7 @@ if HAS_TRITON:
         io_mask = r_ok[:, None] & (d < HD)[None, :]
         tl.store(o_ptr + r[:, None] * HD + d[None, :], out.to(o_ptr.dtype.element_ty), mask=io_mask)
 
-    @triton_op("specdec::paged_attention", mutates_args={"split_arrivals"})
+    @triton_op("specdec::paged_attention", mutates_args={})
     def paged_attention_triton(
         q: torch.Tensor,  # [B, T, H, hd]
         k_rows: torch.Tensor,  # [num_tokens + 1, Hkv, hd]
@@ -394,14 +357,8 @@ if HAS_TRITON:
         committed_block_n: int,  # keys per committed-keys-only tile, one of the same (`choose_committed_tile`)
         maskless_committed: bool,  # those whole tiles read without masks (ignored under a window)
         autotune: bool,
-        split_arrivals: torch.Tensor | None = None,  # [n] int32, all 0: the split-KV combine fused in
     ) -> torch.Tensor:
-        """Attention of `q` over the paged layer `k_rows`/`v_rows`; returns [B, T, H, hd].
-
-        With key splits and `split_arrivals` (zeros, at least one per (row, KV head, tile)
-        program: `fused_combine_fits`), the split that finishes a tile last combines the
-        partials in the same launch, which leaves the counters at 0 again; without them a
-        second kernel combines."""
+        """Attention of `q` over the paged layer `k_rows`/`v_rows`; returns [B, T, H, hd]."""
         B, T, H, hd = q.shape
         hkv = k_rows.shape[1]
         group = H // hkv
@@ -430,16 +387,10 @@ if HAS_TRITON:
         # 32-bit K/V offsets when every element of the layer's rows is addressable in int32
         offs32 = max(k_rows.shape[0] * k_rows.stride(0), v_rows.shape[0] * v_rows.stride(0)) < 2**31
         grid = (B * hkv, triton.cdiv(rows, block_m), num_splits)
-        fused = num_splits > 1 and split_arrivals is not None
-        if fused and split_arrivals.numel() < grid[0] * grid[1]:
-            raise ValueError(f"split_arrivals has {split_arrivals.numel()} counters; this launch needs one per "
-                             f"(row, KV head, tile) program: {grid[0] * grid[1]}")
         if autotune:
             kernel, config = _paged_attention_tuned, {}
         else:
             kernel, config = _paged_attention_kernel, _fixed_config(block_n, committed_block_n, maskless_committed)
-            if has_window:  # a window hides committed keys: their tiles keep the masks
-                config["MASKLESS_C"] = False
         wrap_triton(kernel)[grid](
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
@@ -450,14 +401,12 @@ if HAS_TRITON:
             pos_arg, positions.stride(0) if has_window else 0,
             o_arg, *o_strides,
             l_arg, *l_strides,
-            out, *out.stride()[:3],
-            split_arrivals if fused else cache_len,
             scale, window, T, hkv, group, rows, num_splits, max_pos, min_split_keys,
             HD=hd, HD_PAD=hd_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m, SPLIT=num_splits > 1,
             IS_TREE=is_tree, HAS_WINDOW=has_window, PRECISION=precision, INTERPRET=_INTERPRET,
-            OFFS32=offs32, FUSED_COMBINE=fused, SPLITS_PAD=triton.next_power_of_2(num_splits), **config,
+            OFFS32=offs32, **config,
         )
-        if num_splits > 1 and not fused:
+        if num_splits > 1:
             rows_per_program = _combine_rows()
             wrap_triton(_combine_kernel)[(triton.cdiv(B * T * H, rows_per_program),)](
                 part, part.stride(0), lse, lse.stride(0), out, B * T * H,
@@ -538,12 +487,12 @@ def choose_min_split_keys(rows: int, head_dim: int) -> int:
 BLOCK_NS = (16, 32, 64, 128)  # the key-tile sizes the kernel is built for without autotuning
 
 
-def choose_block_n(rows: int, is_tree: bool) -> int:
+def choose_block_n(rows: int, head_dim: int, is_tree: bool, max_kv_len: int) -> int:
     """Keys per tile (BLOCK_N) of the tiles that hold new keys (tree mask or causal), without
     autotuning: 64 for a prefill (>= 32 query rows, causal), else 16, the committed keys going
     in their own larger tiles (`choose_committed_tile`). Static sizes only, like the split
-    count; neither the head dim nor the context bound moves it (64 at hd 128 or past 1024 keys
-    before the committed tiles had their own size).
+    count; `max_kv_len` no longer moves it (64 at hd 128 or past 1024 keys before the committed
+    tiles had their own size).
 
     Measured on an H100 (graph ms per forward over all layers, bf16, batch 1 / 8; the launch as
     `examples/bench_attention.py --triton-configs` spells it, "c64m": 64-key committed tiles
@@ -572,30 +521,13 @@ def choose_committed_tile(rows: int, head_dim: int, is_tree: bool) -> tuple[int,
     return (64 if head_dim > 64 else 32), True
 
 
-def _split_arrivals(cache, programs: int, fused_combine) -> torch.Tensor | None:
-    """The counters a fused split-KV combine uses (`paged_attention`'s `fused_combine`), or None
-    for the second kernel."""
-    if fused_combine is not None and not isinstance(fused_combine, bool):
-        raise ValueError(f"fused_combine={fused_combine!r} must be True, False or None (chosen)")
-    if fused_combine is False:
-        return None
-    arrivals = getattr(cache, "split_arrivals", None)
-    have = 0 if arrivals is None else arrivals.numel()
-    if have >= programs:
-        return arrivals
-    if fused_combine:
-        raise ValueError(f"fused_combine=True needs {programs} split counters (one per row, KV head and query "
-                         f"tile); the cache has {have}")
-    return None
-
-
 def _check_positive(value, name: str, default: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be an int >= 1 (or None: {default})")
 
 
 def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_splits=None, autotune=None,
-                    min_split_keys=None, block_n=None, fused_combine=None):
+                    min_split_keys=None, block_n=None):
     """`runtime.attention(..., impl="triton")`: see `attention_ref` for the arguments.
 
     `num_splits` forces the number of key splits (tests); None picks it from static sizes
@@ -606,10 +538,6 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
     count and the tile size): each split's key range follows the row's real key count on the
     device, so there is no host sync and a captured CUDA graph can be replayed
     for any context length up to max_kv_len.
-    `fused_combine`: whether the last split of each query tile combines the splits' partials
-    in the attention launch itself (the cache's `split_arrivals` counters) instead of a second
-    kernel: None = when the cache has enough counters for the grid (splits run only on grids
-    under 2 programs per SM, so always on the chosen path), True = required, False = never (A/B).
     `autotune`: pick BLOCK_N / warps / stages by timing, once per shape family. Default off:
     the key holds the query-row count, so every new prompt-chunk length re-times six configs
     (seen on the H200: SmolLM2 at batch 1 ran at 75 tok/s, each new prompt paying ~1 s of
@@ -635,12 +563,11 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         min_split_keys = choose_min_split_keys(rows, q.shape[-1])
     _check_positive(min_split_keys, "min_split_keys", "chosen from the tile")
     if block_n is None:
-        block_n = choose_block_n(rows, batch.tree_mask is not None)
+        block_n = choose_block_n(rows, q.shape[-1], batch.tree_mask is not None, batch.max_kv_len)
     if type(block_n) is not int or block_n not in BLOCK_NS:
         raise ValueError(f"block_n={block_n!r} is not allowed; allowed: {', '.join(map(str, BLOCK_NS))} "
                          "(or None: chosen from the tile)")
     committed_block_n, maskless = choose_committed_tile(rows, q.shape[-1], batch.tree_mask is not None)
-    arrivals = _split_arrivals(cache, B * hkv * -(-rows // _block_m(rows)), fused_combine)
     positions = query_positions(batch) if sliding_window is not None else None
     out = paged_attention_triton(
         q,
@@ -662,6 +589,5 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         committed_block_n,
         maskless,
         bool(autotune),
-        arrivals,
     )
     return out if out.dtype == out_dtype else out.to(out_dtype)

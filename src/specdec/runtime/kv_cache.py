@@ -30,9 +30,7 @@ from specdec.kernels.kv_write import kv_write_torch, kv_write_triton
 from specdec.kernels.rope_kv_write import rope_kv_write_triton
 from specdec.ops.dispatch import use_triton
 
-__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "SPLIT_ARRIVALS", "new_rows", "token_rows", "tree_rows"]
-
-SPLIT_ARRIVALS = 4096  # counters per cache for the attention's fused split-KV combine (16 KB)
+__all__ = ["BlockAllocator", "KVCacheError", "PagedKVCache", "new_rows", "token_rows", "tree_rows"]
 
 
 class KVCacheError(RuntimeError):
@@ -236,10 +234,6 @@ class PagedKVCache:
         self.row_widths = torch.tensor(widths, dtype=torch.int64, device=self.device)
         self.max_row_width = max(widths)
 
-        # the attention kernel's split-KV arrival counters (`kernels.tree_attention`): one per
-        # (row, KV head, query tile) program of a split launch, 0 between launches (the last
-        # split of a tile resets its counter); splits only run on grids below 2 programs per SM
-        self.split_arrivals = torch.zeros(SPLIT_ARRIVALS, dtype=torch.int32, device=self.device)
         self.compiled = False  # index arithmetic through torch.compile (`use_compiled`)
         self.token_rows = token_rows
         self.tree_rows = tree_rows
