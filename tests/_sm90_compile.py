@@ -192,7 +192,7 @@ def attention() -> None:
         tree_attention.paged_attention_triton(
             q, k_rows, k_rows, torch.zeros(B, blocks, dtype=I64), slots, cache_len, q_len, q_len if tree_rows else None,
             mask, positions, block_size, 0.125, window, splits, 32,
-            tree_attention.choose_block_n(T * (H // hkv), tree_rows),
+            tree_attention.choose_block_n(T * (H // hkv), hd, tree_rows, blocks * block_size),
             *tree_attention.choose_committed_tile(T * (H // hkv), hd, tree_rows), False,
         )
         print(f"ok attention {dtype} H={H}/{hkv} hd={hd} B={B} T={T} tree={tree_rows} splits={splits} window={window}")
@@ -205,7 +205,7 @@ def attention() -> None:
                 torch.empty(B, F, 9, 64, dtype=dtype), k_rows, k_rows, torch.zeros(B, blocks, dtype=I64),
                 torch.arange(B, dtype=I64), torch.zeros(B, dtype=I64), lens[:, 0], (lens + 8)[:, 0],
                 torch.zeros(B, F, 1, dtype=torch.int32), None, block_size, 0.125, 0, 4, 32,
-                tree_attention.choose_block_n(F * 3, True),
+                tree_attention.choose_block_n(F * 3, 64, True, blocks * block_size),
                 *tree_attention.choose_committed_tile(F * 3, 64, True), False,
             )
             print(f"ok attention {dtype} draft depth B={B} F={F} (strided lengths)")

@@ -644,19 +644,20 @@ def test_a_bad_launch_parameter_is_named_with_its_range(name, bad, message):
 
 
 @pytest.mark.parametrize(
-    "rows, head_dim, is_tree, want",
+    "rows, head_dim, is_tree, max_kv_len, want",
     [
-        # (new keys' tile, committed tile, maskless); H100 graph ms at batch 1 in the comments; the
-        # context bound moves none of them (the 8B finding held at 1k and at 4k)
-        (49 * 3, 64, True, (16, 64, True)),  # SmolLM2 tree verify: 0.368 against 0.405 at 16x4x2
-        (61 * 4, 128, True, (16, 64, True)),  # 8B tree verify: 0.715 against 0.977 at 64x4x2 (1k), 1.191 / 1.783 (4k)
-        (6 * 3, 64, True, (16, 32, True)),  # a chain verify's 18 rows: a decode tile
-        (3, 64, False, (16, 32, True)),  # SmolLM2 decode: 0.160 against 0.178 at 64x4x2
-        (4, 128, True, (16, 64, True)),  # 8B decode (one-node tree): 0.275 against 0.313
-        (257 * 3, 64, False, (64, 64, False)),  # prefill (causal, no tree mask) keeps 64x4x2
+        # (new keys' tile, committed tile, maskless); H100 graph ms at batch 1 in the comments
+        (49 * 3, 64, True, 640, (16, 64, True)),  # SmolLM2 tree verify: 0.368 against 0.405 at 16x4x2
+        (49 * 3, 64, True, 2048, (16, 64, True)),  # a longer bound: the 8B finding at 4k
+        (61 * 4, 128, True, 1024, (16, 64, True)),  # 8B tree verify: 0.715 against 0.977 at 64x4x2 (1k)
+        (61 * 4, 128, True, 4096, (16, 64, True)),  # ... 1.191 against 1.783 (4k)
+        (6 * 3, 64, True, 640, (16, 32, True)),  # a chain verify's 18 rows: a decode tile
+        (3, 64, False, 640, (16, 32, True)),  # SmolLM2 decode: 0.160 against 0.178 at 64x4x2
+        (4, 128, True, 1024, (16, 64, True)),  # 8B decode (one-node tree): 0.275 against 0.313
+        (257 * 3, 64, False, 640, (64, 64, False)),  # prefill (causal, no tree mask) keeps 64x4x2
     ],
 )
-def test_key_tiles_follow_the_tile_the_head_dim_and_the_mask(rows, head_dim, is_tree, want):
-    block_n = tree_attention.choose_block_n(rows, is_tree)
+def test_key_tiles_follow_the_tile_the_head_dim_and_the_mask(rows, head_dim, is_tree, max_kv_len, want):
+    block_n = tree_attention.choose_block_n(rows, head_dim, is_tree, max_kv_len)
     assert (block_n, *tree_attention.choose_committed_tile(rows, head_dim, is_tree)) == want
 

@@ -104,7 +104,10 @@ if HAS_TRITON:
         if OFFS32:  # the layer's rows fit in 2^31 elements (checked on the host): 32-bit offsets
             row = row.to(tl.int32)
         kv_off = row[:, None] * skv_tok + hkv * skv_h + d[None, :]  # [BLOCK_N, HD_PAD]
-        kv_mask = key_ok[:, None] & d_ok[None, :]  # MASKLESS: the head-dim padding only
+        if MASKLESS:
+            kv_mask = (pos >= 0)[:, None] & d_ok[None, :]  # the head-dim padding only
+        else:
+            kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, HD_PAD]
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
         if UPCAST:
@@ -272,11 +275,18 @@ if HAS_TRITON:
         mid = lo
         if COMMITTED_FIRST:  # False: every tile takes the full visibility arithmetic (the A/B baseline)
             mid = lo + tl.maximum(tl.minimum(hi, cache_len) - lo, 0) // BLOCK_N_C * BLOCK_N_C
-        m_i, l_i, acc = _scan(  # MASKLESS_C is False under a window (the host clears it): masks kept
-            lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
-            k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
-            BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, MASKLESS_C,
-        )
+        if HAS_WINDOW:  # a window hides committed keys: the tiles keep their masks
+            m_i, l_i, acc = _scan(
+                lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+                BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, False,
+            )
+        else:
+            m_i, l_i, acc = _scan(
+                lo, mid, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
+                k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
+                BLOCK_SIZE, BLOCK_N_C, IS_TREE, HAS_WINDOW, PRECISION, OFFS32, False, INTERPRET, MASKLESS_C,
+            )
         m_i, l_i, acc = _scan(
             mid, hi, q, m_i, l_i, acc, t, row_ok, d, d_ok, slot, cache_len, b, hkv, qpos,
             k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, mask_ptr, sm_b, sm_t, pos_ptr, sp_b, scale, window, MAX_POS,
@@ -381,8 +391,6 @@ if HAS_TRITON:
             kernel, config = _paged_attention_tuned, {}
         else:
             kernel, config = _paged_attention_kernel, _fixed_config(block_n, committed_block_n, maskless_committed)
-            if has_window:  # a window hides committed keys: their tiles keep the masks
-                config["MASKLESS_C"] = False
         wrap_triton(kernel)[grid](
             q, q.stride(0), q.stride(1), q.stride(2),
             k_rows, v_rows, k_rows.stride(0), k_rows.stride(1),
@@ -479,12 +487,12 @@ def choose_min_split_keys(rows: int, head_dim: int) -> int:
 BLOCK_NS = (16, 32, 64, 128)  # the key-tile sizes the kernel is built for without autotuning
 
 
-def choose_block_n(rows: int, is_tree: bool) -> int:
+def choose_block_n(rows: int, head_dim: int, is_tree: bool, max_kv_len: int) -> int:
     """Keys per tile (BLOCK_N) of the tiles that hold new keys (tree mask or causal), without
     autotuning: 64 for a prefill (>= 32 query rows, causal), else 16, the committed keys going
     in their own larger tiles (`choose_committed_tile`). Static sizes only, like the split
-    count; neither the head dim nor the context bound moves it (64 at hd 128 or past 1024 keys
-    before the committed tiles had their own size).
+    count; `max_kv_len` no longer moves it (64 at hd 128 or past 1024 keys before the committed
+    tiles had their own size).
 
     Measured on an H100 (graph ms per forward over all layers, bf16, batch 1 / 8; the launch as
     `examples/bench_attention.py --triton-configs` spells it, "c64m": 64-key committed tiles
@@ -555,7 +563,7 @@ def paged_attention(q, cache, layer, batch, *, scale, sliding_window=None, num_s
         min_split_keys = choose_min_split_keys(rows, q.shape[-1])
     _check_positive(min_split_keys, "min_split_keys", "chosen from the tile")
     if block_n is None:
-        block_n = choose_block_n(rows, batch.tree_mask is not None)
+        block_n = choose_block_n(rows, q.shape[-1], batch.tree_mask is not None, batch.max_kv_len)
     if type(block_n) is not int or block_n not in BLOCK_NS:
         raise ValueError(f"block_n={block_n!r} is not allowed; allowed: {', '.join(map(str, BLOCK_NS))} "
                          "(or None: chosen from the tile)")
