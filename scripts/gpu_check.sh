@@ -79,8 +79,12 @@ rm -f "$out/tests_gpu.jsonl"  # every test call's outcome, written as it ends (s
 # below, so pytest ends with its summary before the 330 s limit (at 0c679cb every test had
 # passed when the limit's SIGINT cut pytest-xdist's teardown, and the summary was lost).
 part "CUDA tests (pytest -m gpu, 8 workers)" 330 tests_gpu.log \
-  env SPECDEC_TEST_REPORT="$out/tests_gpu.jsonl" SPECDEC_TEST_DEADLINE=$(( $(date +%s) + 290 )) python -m pytest -q -p no:cacheprovider -m gpu -n 8 "${sched[@]}" --durations=15 --log-level=WARNING tests/
+  env SPECDEC_TEST_REPORT="$out/tests_gpu.jsonl" SPECDEC_TEST_DEADLINE=$(( $(date +%s) + 290 )) python -m pytest -q -p no:cacheprovider -m gpu -n 8 "${sched[@]}" --durations=15 --log-level=WARNING -o faulthandler_timeout=90 tests/
 # (--log-level: a failing test's captured log held thousands of torch DEBUG lines at f3f176c)
+# (faulthandler_timeout: a test still running after 90 s dumps every thread's stack into the log
+# ("Timeout (0:01:30)!" and the test's file and line), so a hang names its test and where it
+# waits; at a9368ad one test stopped reporting for ~130 s and the log could not say which. The
+# two tests that legitimately run longer, six decoders and a chunked prefill, dump once each.)
 wait
 late=$(grep -c 'session deadline' "$out/tests_gpu.jsonl" 2>/dev/null)
 if [ "${late:-0}" -gt 0 ]; then  # not run is not passed
