@@ -64,7 +64,8 @@ its UTF-8 bytes modulo the vocabulary.
     python examples/bench_e2e.py --quick                          # CPU smoke run, tiny random models
 
 Setups (`--setups`): target-only eagle3-chain eagle3-tree mtp-chain ngram-chain hf-eager
-hf-compiled hf-prompt-lookup.
+hf-compiled hf-prompt-lookup; by name only: mtp-tree (D=6 K=8 N=48), the *-combo rows and, with
+`--baseline-eagle3` / `--baseline-mtp FOLDER`, the *-baseline rows of another head.
 """
 
 from __future__ import annotations
@@ -105,12 +106,20 @@ SPEC_SETUPS = {
         "eagle3",
     ),
     "mtp-chain": SpecSetup("specdec mtp chain D=5", SpecConfig(drafter="mtp", max_draft_len=5), "mtp"),
+    "mtp-tree": SpecSetup(
+        "specdec mtp tree D=6 K=8 N=48",
+        SpecConfig(drafter="mtp", tree="dynamic", max_draft_len=6, topk=8, max_total_draft_tokens=48),
+        "mtp",
+    ),
     "ngram-chain": SpecSetup("specdec ngram chain D=8", SpecConfig(drafter="ngram", max_draft_len=8), None),
 }
-# the eagle3 chain and tree again with the --baseline-eagle3 head (e.g. the one a retrained head replaced)
-for _key in ("eagle3-chain", "eagle3-tree"):
-    _setup = SPEC_SETUPS[_key]
-    SPEC_SETUPS[f"{_key}-baseline"] = SpecSetup(f"{_setup.name}, baseline head", _setup.config, "eagle3-baseline")
+# the chain and tree again with the --baseline-eagle3 / --baseline-mtp head (e.g. the one a retrained head replaced)
+BASELINE_SETUPS = {"eagle3": ("eagle3-chain-baseline", "eagle3-tree-baseline"),
+                   "mtp": ("mtp-chain-baseline", "mtp-tree-baseline")}
+for _drafter, _keys in BASELINE_SETUPS.items():
+    for _key in _keys:
+        _setup = SPEC_SETUPS[_key.removesuffix("-baseline")]
+        SPEC_SETUPS[_key] = SpecSetup(f"{_setup.name}, baseline head", _setup.config, f"{_drafter}-baseline")
 # the specdec setups again with the compiled pieces' combo kernels (`ExecutionConfig.combo_kernels`)
 for _key in ("target-only", "eagle3-chain", "eagle3-tree"):
     _setup = SPEC_SETUPS[_key]
@@ -121,7 +130,7 @@ HF_SETUPS = ("hf-eager", "hf-compiled", "hf-prompt-lookup")
 # its time limit has them; the table lists specdec rows, then transformers rows.
 RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "eagle3-chain-baseline",
              "eagle3-tree-baseline", "target-only-combo", "eagle3-chain-combo", "eagle3-tree-combo", "mtp-chain",
-             "ngram-chain", "hf-eager", "hf-prompt-lookup")
+             "mtp-chain-baseline", "mtp-tree", "mtp-tree-baseline", "ngram-chain", "hf-eager", "hf-prompt-lookup")
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -176,21 +185,27 @@ def parse_args():
     p.add_argument("--baseline-eagle3", default=None, metavar="FOLDER",
                    help="another EAGLE-3 head for SmolLM2 (e.g. the shipped one before a retraining): its chain and "
                         "tree rows run beside the shipped head's (setups eagle3-*-baseline, on by default with it)")
+    p.add_argument("--baseline-mtp", default=None, metavar="FOLDER",
+                   help="another MTP head for SmolLM2: its chain and tree rows run beside the shipped head's "
+                        "(setups mtp-chain-baseline, on by default with it, and mtp-tree-baseline, by name)")
     p.add_argument("--out", default=None, help="also write every row as a JSON line to this file")
     p.add_argument("--tree-shapes", nargs="+", default=[], metavar="D,K,N",
                    help="more EAGLE-3 dynamic trees (depth, top-k, draft tokens), timed after the setups named")
     args = p.parse_args()
-    baseline = ("eagle3-chain-baseline", "eagle3-tree-baseline")
+    folders = {"eagle3": args.baseline_eagle3, "mtp": args.baseline_mtp}
     if args.setups is None:
-        args.setups = [k for k in RUN_ORDER if (k not in baseline or args.baseline_eagle3 is not None)
-                       and not k.endswith("-combo")]  # combo rows: asked for by name
-    if args.baseline_eagle3 is None:
-        if set(baseline) & set(args.setups):
-            p.error(f"setups {sorted(set(baseline) & set(args.setups))} need --baseline-eagle3 FOLDER")
-    elif args.quick:
-        p.error("--baseline-eagle3 is for the SmolLM2 run; --quick builds random heads")
-    elif not (Path(args.baseline_eagle3) / "config.json").is_file():
-        p.error(f"--baseline-eagle3 {args.baseline_eagle3}: no config.json there (an EAGLE-3 head folder)")
+        args.setups = [k for k in RUN_ORDER if not k.endswith("-combo")  # combo rows and mtp trees: by name
+                       and not k.startswith("mtp-tree") and not any(k in keys and folders[d] is None
+                                                                    for d, keys in BASELINE_SETUPS.items())]
+    for drafter, keys in BASELINE_SETUPS.items():
+        flag, folder = f"--baseline-{drafter}", folders[drafter]
+        if folder is None:
+            if set(keys) & set(args.setups):
+                p.error(f"setups {sorted(set(keys) & set(args.setups))} need {flag} FOLDER")
+        elif args.quick:
+            p.error(f"{flag} is for the SmolLM2 run; --quick builds random heads")
+        elif not (Path(folder) / "config.json").is_file():
+            p.error(f"{flag} {folder}: no config.json there (a {drafter} head folder)")
     args.setups = list(args.setups) + [k for k in map(add_tree_shape, args.tree_shapes) if k not in args.setups]
     return args
 
@@ -511,8 +526,9 @@ def main() -> None:
 
     tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
     target_path, heads = tiny_assets(Path(tmp.name)) if quick else smollm2_assets()
-    if args.baseline_eagle3 is not None:
-        heads["eagle3-baseline"] = Path(args.baseline_eagle3)
+    for drafter, folder in (("eagle3", args.baseline_eagle3), ("mtp", args.baseline_mtp)):
+        if folder is not None:
+            heads[f"{drafter}-baseline"] = Path(folder)
     t0 = time.perf_counter()
     target = load_target(target_path, device=device, dtype=dtype)
     if file_prompts:

@@ -110,3 +110,20 @@ def test_bench_batch_times_transformers_beside_target_only(tmp_path):
     assert line.rstrip(" |").endswith(f"{base['tok_s'] / hf[0]['tok_s']:.2f}x")
     assert next(line for line in text.splitlines() if line.startswith("| 8b-none | 2 |")).rstrip(" |").endswith("-")
     assert "no row for 8b-none" in text
+
+
+def test_bench_e2e_baseline_rows_need_their_head_folder(tmp_path):
+    """The *-baseline rows time another head beside the shipped one: asked for without its folder
+    (or with a folder holding no head config), bench_e2e refuses before loading anything."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+
+    def refused(*args: str) -> str:
+        run = subprocess.run([sys.executable, "bench_e2e.py", *args], cwd=EXAMPLES, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+        return run.stderr
+
+    assert "setups ['mtp-chain-baseline'] need --baseline-mtp FOLDER" in refused("--setups", "mtp-chain-baseline")
+    assert "setups ['eagle3-tree-baseline'] need --baseline-eagle3 FOLDER" in refused("--setups", "eagle3-tree-baseline")
+    assert f"--baseline-mtp {tmp_path}: no config.json there (a mtp head folder)" in refused("--baseline-mtp",
+                                                                                               str(tmp_path))
