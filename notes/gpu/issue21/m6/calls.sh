@@ -13,7 +13,7 @@ cd "$root"
 source scripts/gpu_setup.sh > "$OUT/setup_$1.log" 2>&1
 tail -2 "$OUT/setup_$1.log"
 export HEAD=mtp STEPS=1200
-FLM=(--init-head src/specdec/assets/heads/smollm2-mtp --seed 3 --num-prompts 80000 --lr 4e-4 --mtp-loss-vocab draft
+FLM=(--init-head src/specdec/assets/heads/smollm2-mtp --seed 3 --num-prompts ${NUM_PROMPTS:-80000} --lr 4e-4 --mtp-loss-vocab draft
      --mix-shares source=0.2,instruct=0.15,math=0.1,header=0.1,self_instruct=0.25,multi_turn=0.2)
 case "$1" in
   data)
