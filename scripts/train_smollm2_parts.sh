@@ -26,7 +26,8 @@
 # the folder carried into the working tree; the draft vocabulary is the head's).
 #
 # A killed `data` call resumes where it stopped (<work>/responses.pt); `train` and `finish` resume
-# <work>/checkpoint. STEPS is the whole schedule (default 4000: train + finish at ~210 ms/step on the
+# <work>/checkpoint and never generate (--reuse-data): called with other data flags than `data`'s,
+# they exit naming the settings that differ instead of making the data again inside the training's time. STEPS is the whole schedule (default 4000: train + finish at ~210 ms/step on the
 # H200 with 32k-token batches and a 4096-token draft vocabulary; the 16384 default is slower, the
 # record says whether the schedule ended); extra flags go to `python -m specdec.train` after the defaults.
 set -euo pipefail
@@ -77,8 +78,8 @@ to_pieces() {  # a tgz on stdin -> $dest/$1.tgz.NN of at most 15 MiB (a file ove
 case "$stage" in
   data)   restore_prompts; run --prompt-minutes "$prompt_minutes" --gen-minutes "$gen_minutes" --data-only "$@" ;;
   more)   run --gen-minutes "$gen_minutes" --continue-generation --data-only "$@" ;;
-  train)  run --max-minutes "$train_minutes" "$@" ;;
-  finish) run --max-minutes "$finish_minutes" --eval --eval-source categories --eval-prompts "$eval_prompts" \
+  train)  run --max-minutes "$train_minutes" --reuse-data "$@" ;;
+  finish) run --max-minutes "$finish_minutes" --reuse-data --eval --eval-source categories --eval-prompts "$eval_prompts" \
             --eval-batch-size 16 --eval-max-new-tokens 128 "$@" ;;
   pack)   dest="${OUT:?pack writes its pieces to \$OUT}"; name="$(basename "$out")"
           tar -C "$(dirname "$out")" -czf - "$name" | to_pieces "$name" "$out" ;;

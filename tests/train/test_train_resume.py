@@ -12,6 +12,7 @@ from _train_tiny import one_thread, reference_ops
 
 from specdec.train import distill, mix
 from specdec.train.distill import (
+    DistillData,
     _pick,
     build_distill_data,
     generate_responses,
@@ -161,6 +162,33 @@ def test_continue_generation_answers_what_the_deadline_left(tmp_path, monkeypatc
     assert len(more) == more.meta["prompts_asked"] - more.meta["prompts_too_long"]
     assert (work / "checkpoint.stale").is_dir() and not (work / "checkpoint").exists()
     assert "moved to" in capsys.readouterr().out
+
+
+def test_reuse_data_generates_nothing_and_names_the_settings_that_differ(tmp_path):
+    """`--reuse-data` (the parts script's train/finish calls): the cached data.pt made with these
+    data flags is used; missing, or made with another flag, the call exits naming the setting and
+    both values instead of making the data again (the sixteenth session's train call regenerated
+    80k prompts' data inside its ten minutes because one flag differed from the data call's)."""
+    from specdec.train.pipeline import Phases, _data_settings, load_or_make_data
+
+    def no_target():
+        raise AssertionError("--reuse-data never loads the generating target")
+
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(SystemExit, match=r"--reuse-data: .*data\.pt is not there"):
+        load_or_make_data(_args(tmp_path, reuse_data=True), None, work, Phases(), generation_target=no_target)
+    made = DistillData.pack([torch.arange(6)], [2], ["code"], {"settings": _data_settings(_args(tmp_path))})
+    made.save(work / "data.pt")
+    same = load_or_make_data(_args(tmp_path, reuse_data=True), None, work, Phases(), generation_target=no_target)
+    assert torch.equal(same.tokens, made.tokens)
+    with pytest.raises(SystemExit, match=r"other data settings \(num_prompts: made with 10, asked 80\)"):
+        load_or_make_data(_args(tmp_path, reuse_data=True, num_prompts=80), None, work, Phases(),
+                          generation_target=no_target)
+    with pytest.raises(SystemExit, match="--reuse-data and --regenerate contradict each other"):
+        load_or_make_data(_args(tmp_path, reuse_data=True, regenerate=True), None, work, Phases(),
+                          generation_target=no_target)
+    assert (work / "data.pt").is_file()  # refused before anything was removed
 
 
 # --------------------------------------------------------------------------- small families fill their share

@@ -262,6 +262,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
                         "before the calls that train")
     g.add_argument("--regenerate", action="store_true",
                    help="ignore <work>/data.pt and the responses saved so far (generation resumes otherwise)")
+    g.add_argument("--reuse-data", action="store_true",
+                   help="generate nothing: <work>/data.pt (and val_data.pt) must be there, made with these data flags, "
+                        "else exit with the settings that differ (the train/finish calls of a run split over calls, "
+                        "where a changed data flag would otherwise regenerate the data inside the training's time)")
     g.add_argument("--continue-generation", action="store_true",
                    help="answer the prompts that --gen-minutes left unanswered in <work>/data.pt (until this call's "
                         "--gen-minutes), then train from scratch on the larger data")

@@ -188,6 +188,20 @@ def _data_settings(args) -> dict:
     return settings
 
 
+def _refuse_to_generate(args, path: Path, cached: dict | None, settings: dict) -> None:
+    """``--reuse-data``: the data must come from <work>, made with these settings; exit naming what differs."""
+    if not getattr(args, "reuse_data", False):
+        return
+    if args.regenerate:
+        raise SystemExit("--reuse-data and --regenerate contradict each other: pass one")
+    if cached is None:
+        raise SystemExit(f"--reuse-data: {path} is not there; make it first with the same data flags (--data-only)")
+    differ = [f"{k}: made with {cached.get(k)!r}, asked {settings.get(k)!r}"
+              for k in sorted(set(cached) | set(settings)) if cached.get(k) != settings.get(k)]
+    raise SystemExit(f"--reuse-data: {path} was made with other data settings ({'; '.join(differ)}); pass the flags "
+                     f"it was made with, or drop --reuse-data to make it again")
+
+
 def load_or_make_val_data(args, target, work: Path, phases: Phases, generation_target: Callable | None = None):
     """The held-out validation data (``--data-mix diverse`` with ``--val-prompts N > 0``):
     <work>/val_data.pt when made with the same settings, else `heldout_val_prompts` (also written
@@ -204,7 +218,9 @@ def load_or_make_val_data(args, target, work: Path, phases: Phases, generation_t
         if data.meta.get("settings") == settings:
             print(f"[specdec.train] reusing {path}: {len(data)} held-out validation sequences")
             return data
+        _refuse_to_generate(args, path, data.meta.get("settings") or {}, settings)
         print(f"[specdec.train] {path} was made with other settings; regenerating")
+    _refuse_to_generate(args, path, None, settings)
     gen = generation_target() if generation_target is not None else target
     prompts = phases.run("validation prompts (held-out split of the diverse mix)", heldout_val_prompts, args, gen)
     write_prompts(prompts, work / "val_prompts.jsonl")
@@ -237,6 +253,7 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
     diverse = getattr(args, "data_mix", "source") == "diverse"
     path, responses = work / "data.pt", work / "responses.pt"
     if args.regenerate:
+        _refuse_to_generate(args, path, None, settings)  # the contradiction
         responses.unlink(missing_ok=True)
     elif path.is_file():
         data = DistillData.load(path)
@@ -245,9 +262,14 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
             print(f"[specdec.train] reusing {path}: {len(data)} sequences, {data.meta.get('total_tokens')} tokens")
             return data
         if more and data.meta.get("settings") == settings:
+            if getattr(args, "reuse_data", False):
+                raise SystemExit("--reuse-data and --continue-generation contradict each other: pass one")
             _set_aside_checkpoint(work, "the data grows")
         else:
+            _refuse_to_generate(args, path, data.meta.get("settings") or {}, settings)
             print(f"[specdec.train] {path} was made with other settings; regenerating")
+    else:
+        _refuse_to_generate(args, path, None, settings)
     build = build_mix_distill_data if diverse else build_distill_data  # the first is multi-turn aware
     gen = generation_target() if generation_target is not None else target
     prompts = _cached_prompts(args, gen, work, phases, settings, diverse)
