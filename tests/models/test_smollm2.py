@@ -105,8 +105,8 @@ DYNAMIC = dict(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=4
     [
         ("eagle3", "smollm2-eagle3", "heldout", LINEAR, 34),  # tau 3.71 (the e5 head of 2026-12-06; e4 and e3: 38)
         ("eagle3", "smollm2-eagle3", "heldout", DYNAMIC, 25),  # tau 5.04 (e5; e4: 24, tau 5.25; e3: 26, tau 4.85)
-        ("mtp", "smollm2-mtp", "heldout", LINEAR, 50),  # tau 2.52 (m5, 2026-12-06; the source-only head: 61, 2.07)
-        ("mtp", "smollm2-mtp", "heldout", DYNAMIC, 29),  # tau 4.34 (m5; the source-only head: 38, 3.32)
+        ("mtp", "smollm2-mtp", "heldout", LINEAR, 45),  # tau 2.80 (m6, 2026-12-06; m5: 50, 2.52; source-only: 61)
+        ("mtp", "smollm2-mtp", "heldout", DYNAMIC, 26),  # tau 4.85 (m6; m5: 29, 4.34; the source-only head: 38)
         ("ngram", None, "edit", dict(tree="linear", max_draft_len=8), 44),  # tau 2.86
         ("ngram", None, "edit", dict(tree="dynamic", topk=4, max_draft_len=8), 37),  # tau 3.41
     ],
