@@ -4,7 +4,7 @@
 #   bash notes/gpu/issue21/m7/calls.sh data    # prompts (resumable: exit 3 -> run again) + answers,
 #                                              # then the prompts packed for later sessions
 #   bash notes/gpu/issue21/m7/calls.sh more    # answers the data call left (if any)
-#   bash notes/gpu/issue21/m7/calls.sh train   # TRAIN_MINUTES of a 1200-step schedule, then the head packed
+#   bash notes/gpu/issue21/m7/calls.sh train   # TRAIN_MINUTES of a 1300-step schedule, then the head packed
 #   bash notes/gpu/issue21/m7/calls.sh e2e     # the shipped head (m6) beside m5 (/root/carried/m5, NEXT.md), bf16, batch 1
 # Logs and packs go to $OUT.
 set -uo pipefail
