@@ -192,7 +192,7 @@ def parse_args():
     p.add_argument("--tree-shapes", nargs="+", default=[], metavar="D,K,N",
                    help="more EAGLE-3 dynamic trees (depth, top-k, draft tokens), timed after the setups named")
     args = p.parse_args()
-    folders = {"eagle3": args.baseline_eagle3, "mtp": args.baseline_mtp}
+    folders = {drafter: getattr(args, f"baseline_{drafter}") for drafter in BASELINE_SETUPS}
     if args.setups is None:
         args.setups = [k for k in RUN_ORDER if not k.endswith("-combo")  # combo rows and mtp trees: by name
                        and not k.startswith("mtp-tree") and not any(k in keys and folders[d] is None
@@ -526,8 +526,8 @@ def main() -> None:
 
     tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
     target_path, heads = tiny_assets(Path(tmp.name)) if quick else smollm2_assets()
-    for drafter, folder in (("eagle3", args.baseline_eagle3), ("mtp", args.baseline_mtp)):
-        if folder is not None:
+    for drafter in BASELINE_SETUPS:
+        if (folder := getattr(args, f"baseline_{drafter}")) is not None:
             heads[f"{drafter}-baseline"] = Path(folder)
     t0 = time.perf_counter()
     target = load_target(target_path, device=device, dtype=dtype)

@@ -27,7 +27,8 @@
 #
 # A killed `data` call resumes where it stopped (<work>/responses.pt); `train` and `finish` resume
 # <work>/checkpoint and never generate (--reuse-data): called with other data flags than `data`'s,
-# they exit naming the settings that differ instead of making the data again inside the training's time. STEPS is the whole schedule (default 4000: train + finish at ~210 ms/step on the
+# they exit naming the settings that differ instead of making the data again inside the training's
+# time. STEPS is the whole schedule (default 4000: train + finish at ~210 ms/step on the
 # H200 with 32k-token batches and a 4096-token draft vocabulary; the 16384 default is slower, the
 # record says whether the schedule ended); extra flags go to `python -m specdec.train` after the defaults.
 set -euo pipefail

@@ -188,12 +188,17 @@ def _data_settings(args) -> dict:
     return settings
 
 
+def _check_reuse_data(args) -> None:
+    """``--reuse-data`` with ``--regenerate`` asks for two opposite things: refuse before anything is removed."""
+    if getattr(args, "reuse_data", False) and args.regenerate:
+        raise SystemExit("--reuse-data and --regenerate contradict each other: pass one")
+
+
 def _refuse_to_generate(args, path: Path, cached: dict | None, settings: dict) -> None:
-    """``--reuse-data``: the data must come from <work>, made with these settings; exit naming what differs."""
+    """``--reuse-data``: the data must come from <work>, made with these settings (`cached`: the
+    settings it was made with, None: not there); exit naming what differs."""
     if not getattr(args, "reuse_data", False):
         return
-    if args.regenerate:
-        raise SystemExit("--reuse-data and --regenerate contradict each other: pass one")
     if cached is None:
         raise SystemExit(f"--reuse-data: {path} is not there; make it first with the same data flags (--data-only)")
     differ = [f"{k}: made with {cached.get(k)!r}, asked {settings.get(k)!r}"
@@ -211,6 +216,7 @@ def load_or_make_val_data(args, target, work: Path, phases: Phases, generation_t
     n = getattr(args, "val_prompts", 0) or 0
     if getattr(args, "data_mix", "source") != "diverse" or n == 0:
         return None
+    _check_reuse_data(args)
     settings = dict(_data_settings(args), val_prompts=n, val_split="heldout", val_seed_offset=VAL_SEED_OFFSET)
     path = work / "val_data.pt"
     if path.is_file() and not args.regenerate:
@@ -252,8 +258,8 @@ def load_or_make_data(args, target, work: Path, phases: Phases, generation_targe
     settings = _data_settings(args)
     diverse = getattr(args, "data_mix", "source") == "diverse"
     path, responses = work / "data.pt", work / "responses.pt"
+    _check_reuse_data(args)
     if args.regenerate:
-        _refuse_to_generate(args, path, None, settings)  # the contradiction
         responses.unlink(missing_ok=True)
     elif path.is_file():
         data = DistillData.load(path)
