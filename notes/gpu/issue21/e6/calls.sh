@@ -8,6 +8,7 @@
 #   bash notes/gpu/issue21/e6/calls.sh mtp-e2e   # MTP m6 (shipped) beside m5, bf16, batch 1
 #   bash notes/gpu/issue21/e6/calls.sh train     # TRAIN_MINUTES of a STEPS-step schedule, then the head packed
 #   bash notes/gpu/issue21/e6/calls.sh e2e       # EAGLE-3 e5 (shipped) beside e6, bf16, batch 1
+#   bash notes/gpu/issue21/e6/calls.sh all-e2e   # both comparisons in one run (one target load, one baseline)
 # Logs and packs go to $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)"
@@ -36,5 +37,9 @@ case "$1" in
     cd examples && python bench_e2e.py --setups target-only eagle3-chain eagle3-tree eagle3-chain-baseline eagle3-tree-baseline \
       --baseline-eagle3 "/root/$run" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 --out "$OUT/e2e_$run.jsonl" \
       2>&1 | tee "$OUT/e2e_$run.log" | tail -30 ;;
+  all-e2e)  # both in one run: EAGLE-3 e5 beside e6 and MTP m6 beside m5
+    cd examples && python bench_e2e.py --setups target-only eagle3-chain eagle3-tree eagle3-chain-baseline eagle3-tree-baseline \
+      mtp-chain mtp-tree mtp-chain-baseline mtp-tree-baseline --baseline-eagle3 "/root/$run" --baseline-mtp "$carried/m5" \
+      --batch-sizes 1 --num-prompts 20 --kernel-steps 0 --out "$OUT/e2e_all_$run.jsonl" 2>&1 | tee "$OUT/e2e_all_$run.log" | tail -30 ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
