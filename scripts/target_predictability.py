@@ -27,6 +27,19 @@ from specdec.train.categories import category_of, frozen_category_prompts
 from specdec.train.evaluate import encode_any
 
 
+def parse_exit_layers(text: str, num_layers: int) -> list[int]:
+    """`--exit-layers` -> layer indices, each in [0, num_layers - 2]: the last layer's output
+    comes out of transformers only after the final norm, i.e. it is the target itself."""
+    try:
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--exit-layers={text!r} must be comma-separated integers") from None
+    bad = [x for x in layers if not 0 <= x < num_layers - 1]
+    if bad:
+        raise SystemExit(f"--exit-layers {bad} out of range; allowed: 0..{num_layers - 2}")
+    return layers
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
@@ -41,13 +54,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     context = model.config.max_position_embeddings
     last = model.config.num_hidden_layers - 1
-    try:
-        exits = [int(x) for x in args.exit_layers.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"--exit-layers={args.exit_layers!r} must be comma-separated integers") from None
-    bad = [x for x in exits if not 0 <= x < last]
-    if bad:  # the last layer's output comes only after the final norm: it is the target itself
-        raise SystemExit(f"--exit-layers {bad} out of range; allowed: 0..{last - 1}")
+    exits = parse_exit_layers(args.exit_layers, model.config.num_hidden_layers)
     exit_hits: dict[str, list[int]] = {}
     top1: dict[str, list[float]] = {}
     margin: dict[str, list[float]] = {}
