@@ -20,6 +20,11 @@ carried="${CARRIED_C7:-/root/carried/c7}"
 export HEAD=eagle3 STEPS="${STEPS:-1300}"
 FL=(--init-head src/specdec/assets/heads/smollm2-eagle3 --draft-layers 2 --seed 3 --num-prompts 60000 --lr 4e-4
     --mix-shares source=0.2,instruct=0.15,math=0.1,header=0.1,self_instruct=0.25,multi_turn=0.2)
+bench() {  # NAME SETUPS... [FLAGS]: bench_e2e at bf16, batch 1, the 20 shipped held-out prompts -> $OUT/NAME.{jsonl,log}
+  local name=$1; shift
+  (cd examples && python bench_e2e.py --setups "$@" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
+     --out "$OUT/$name.jsonl" 2>&1 | tee "$OUT/$name.log" | tail -30)
+}
 case "$1" in
   data)
     PROMPTS_FROM="$carried/pm6" PROMPT_MINUTES=${PROMPT_MINUTES:-4} GEN_MINUTES=${GEN_MINUTES:-2.2} \
@@ -29,17 +34,10 @@ case "$1" in
     TRAIN_MINUTES=${TRAIN_MINUTES:-8.6} scripts/train_smollm2_parts.sh train /root/$run "${FL[@]}" > "$OUT/${run}_train.log" 2>&1
     echo "train rc=$?"; tail -25 "$OUT/${run}_train.log"
     OUT=$OUT scripts/train_smollm2_parts.sh pack /root/$run ;;
-  mtp-e2e)
-    cd examples && python bench_e2e.py --setups target-only mtp-chain mtp-tree mtp-chain-baseline mtp-tree-baseline \
-      --baseline-mtp "$carried/m5" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 --out "$OUT/e2e_m6_m5.jsonl" \
-      2>&1 | tee "$OUT/e2e_m6_m5.log" | tail -30 ;;
-  e2e)
-    cd examples && python bench_e2e.py --setups target-only eagle3-chain eagle3-tree eagle3-chain-baseline eagle3-tree-baseline \
-      --baseline-eagle3 "/root/$run" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 --out "$OUT/e2e_$run.jsonl" \
-      2>&1 | tee "$OUT/e2e_$run.log" | tail -30 ;;
+  mtp-e2e) bench e2e_m6_m5 target-only mtp-chain mtp-tree mtp-chain-baseline mtp-tree-baseline --baseline-mtp "$carried/m5" ;;
+  e2e) bench "e2e_$run" target-only eagle3-chain eagle3-tree eagle3-chain-baseline eagle3-tree-baseline --baseline-eagle3 "/root/$run" ;;
   all-e2e)  # both in one run: EAGLE-3 e5 beside e6 and MTP m6 beside m5
-    cd examples && python bench_e2e.py --setups target-only eagle3-chain eagle3-tree eagle3-chain-baseline eagle3-tree-baseline \
-      mtp-chain mtp-tree mtp-chain-baseline mtp-tree-baseline --baseline-eagle3 "/root/$run" --baseline-mtp "$carried/m5" \
-      --batch-sizes 1 --num-prompts 20 --kernel-steps 0 --out "$OUT/e2e_all_$run.jsonl" 2>&1 | tee "$OUT/e2e_all_$run.log" | tail -30 ;;
+    bench "e2e_all_$run" target-only eagle3-chain eagle3-tree eagle3-chain-baseline eagle3-tree-baseline \
+      mtp-chain mtp-tree mtp-chain-baseline mtp-tree-baseline --baseline-eagle3 "/root/$run" --baseline-mtp "$carried/m5" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
