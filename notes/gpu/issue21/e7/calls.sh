@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 21, eighteenth session: the one lever of the issue's list never measured, a longer TTT
+# unroll, with its control. Both runs start from the shipped one-layer EAGLE-3 head e5, train the
+# same 550-step schedule (lr 4e-4) on the same data (m6's 60k prompts, seed 3, answered in bf16:
+# what e6 trained on), and differ only in --ttt-steps: u10 unrolls 10 steps, u7 the 7 of every
+# head so far (so u7 - e5 is what the data does, u10 - u7 what the unroll does).
+# Also: MTP m5 beside m6 end to end in the other order (m5 first), with m5's tree row.
+# One stage per device call, after the GGUF parts (scripts/gpu_setup.sh); c7 (m6's prompts, m5)
+# carried with the data call:
+#   bash notes/gpu/issue21/e7/calls.sh data      # m6's prompts restored, answered (bf16)
+#   bash notes/gpu/issue21/e7/calls.sh train-u10 # 10-step unroll, then the head packed
+#   bash notes/gpu/issue21/e7/calls.sh train-u7  # 7-step unroll (the control), then the head packed
+#   bash notes/gpu/issue21/e7/calls.sh mtp-e2e   # m5 (rows first) beside m6 (shipped), bf16, batch 1
+# Logs and packs go to $OUT.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)"
+cd "$root"
+source scripts/gpu_setup.sh > "$OUT/setup_$1.log" 2>&1
+tail -2 "$OUT/setup_$1.log"
+carried="${CARRIED_C7:-/root/carried/c7}"
+data_work=/tmp/specdec-train-smollm2-eagle3  # train_smollm2_parts.sh's default WORK: the data stage's
+export HEAD=eagle3 STEPS="${STEPS:-550}"
+FL=(--init-head src/specdec/assets/heads/smollm2-eagle3 --seed 3 --num-prompts 60000 --lr 4e-4
+    --mix-shares source=0.2,instruct=0.15,math=0.1,header=0.1,self_instruct=0.25,multi_turn=0.2)
+train() {  # RUN TTT_STEPS: the schedule in its own WORK (own checkpoint), the data stage's files linked in
+  local run=$1 ttt=$2 work="/tmp/work-$1"
+  mkdir -p "$work"
+  for f in "$data_work"/*; do
+    case "$(basename "$f")" in checkpoint*) ;; *) ln -sf "$f" "$work/" ;; esac
+  done
+  WORK="$work" TRAIN_MINUTES=${TRAIN_MINUTES:-6} scripts/train_smollm2_parts.sh train "/root/$run" "${FL[@]}" \
+    --ttt-steps "$ttt" > "$OUT/${run}_train.log" 2>&1
+  echo "$run train rc=$?"; tail -c 1500 "$OUT/${run}_train.log"
+  OUT=$OUT scripts/train_smollm2_parts.sh pack "/root/$run"
+}
+case "$1" in
+  data)
+    PROMPTS_FROM="$carried/pm6" PROMPT_MINUTES=${PROMPT_MINUTES:-4} GEN_MINUTES=${GEN_MINUTES:-2.2} \
+      WORK="$data_work" scripts/train_smollm2_parts.sh data /root/e7_data "${FL[@]}" > "$OUT/e7_data.log" 2>&1
+    echo "data rc=$?"; tail -20 "$OUT/e7_data.log" ;;
+  train-u10) train e7u10 10 ;;
+  train-u7) train e7u7 7 ;;
+  mtp-e2e)
+    (cd examples && python bench_e2e.py --setups target-only mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
+       --baseline-mtp "$carried/m5" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
+       --out "$OUT/e2e_m5_m6.jsonl" 2>&1 | tee "$OUT/e2e_m5_m6.log" | tail -30) ;;
+  *) echo "unknown stage $1" >&2; exit 2 ;;
+esac
