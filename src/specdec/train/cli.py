@@ -90,6 +90,7 @@ def _train_config(args):
     init_head = getattr(args, "init_head", None)
     return TrainConfig(
         draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, prompt_weight=args.prompt_weight,
+        teacher_temperature=getattr(args, "teacher_temperature", TrainConfig.teacher_temperature),
         epochs=args.epochs, max_steps=args.steps, batch_tokens=args.batch_tokens, max_len=args.max_len, lr=args.lr,
         warmup_steps=args.warmup, seed=args.seed, max_minutes=args.max_minutes,
         fit_schedule=not getattr(args, "no_fit_schedule", False), log_every=args.log_every,
@@ -281,6 +282,10 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
                         "with --init-head, the layers it lacks start as identities")
     g.add_argument("--ttt-steps", type=int, default=7, help="TTT steps (eagle3) / recursion depth trained (mtp)")
     g.add_argument("--prompt-weight", type=float, default=0.1)
+    g.add_argument("--teacher-temperature", type=float, default=1.0,
+                   help="the loss's soft target is softmax(target logits / this): 1 (default) the target's own "
+                        "distribution; below 1 sharper toward its argmax, the one token greedy verification accepts; "
+                        "0 the argmax alone")
     g.add_argument("--epochs", type=float, default=4.0)
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
     g.add_argument("--batch-tokens", type=int, default=16384)

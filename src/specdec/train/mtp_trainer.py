@@ -124,6 +124,7 @@ def train_mtp(
             return unroll_fn(
                 head, embed, lm_head, teacher.last_hidden, batch.tokens, teacher.logits, teacher.argmax, batch.weights,
                 batch.response, steps=cfg.ttt_steps, step_weight=cfg.step_weight, target_ids=target_ids,
+                teacher_temperature=cfg.teacher_temperature,
             )
 
     return run_training_loop(

@@ -41,7 +41,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .teacher import dense_forward
-from .ttt import TTTResult, UnrollLoss, _shift_tokens, growing_attend, ttt_attention
+from .ttt import TTTResult, UnrollLoss, _shift_tokens, growing_attend, teacher_distribution, ttt_attention
 
 __all__ = ["MTPTeacherOutput", "mtp_teacher_forward", "mtp_unroll"]
 
@@ -100,6 +100,7 @@ def mtp_unroll(
     attention=ttt_attention,
     recompute: bool = True,
     target_ids: torch.Tensor | None = None,
+    teacher_temperature: float = 1.0,
 ) -> TTTResult:
     """Unroll the MTP module `steps` times and return the weighted loss and per-step metrics.
 
@@ -119,6 +120,7 @@ def mtp_unroll(
         target_ids: [Vd] int64 ascending target ids of a draft vocabulary: `head` then gives
             their logits (`mtp_drafter.restricted_head`) and `teacher_logits` is [B, T, Vd]
             (theirs); `teacher_argmax` stays over the full vocabulary. None: the full vocabulary.
+        teacher_temperature: the soft target's temperature (`ttt.teacher_distribution`; 1: the target's own).
     Returns:
         `ttt.TTTResult` (loss, step_loss, correct, count, weight per step).
     """
@@ -126,7 +128,7 @@ def mtp_unroll(
         raise ValueError(f"steps={steps} must be >= 1")
     B, T = tokens.shape
     scale = model.config.head_dim**-0.5
-    teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, V] (or [B, T, Vd])
+    teacher_p = teacher_distribution(teacher_logits, teacher_temperature)  # [B, T, V] (or [B, T, Vd])
     in_vocab = None
     if target_ids is not None:
         in_vocab = torch.isin(teacher_argmax, target_ids)  # [B, T] the teacher's argmax is a draft token

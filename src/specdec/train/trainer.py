@@ -69,6 +69,8 @@ class TrainConfig:
     ttt_steps: int = 7
     step_weight: float = 0.8  # loss weight of TTT step k is step_weight ** k
     prompt_weight: float = 0.1  # loss weight of prompt tokens (responses weigh 1)
+    teacher_temperature: float = 1.0  # the loss's soft target softmax(logits / this): 1 the target's own
+    # distribution, below 1 sharper toward its argmax (what greedy verification accepts), 0 the argmax alone
     epochs: float = 4.0
     max_steps: int | None = None  # overrides epochs
     batch_tokens: int = 16384
@@ -129,6 +131,8 @@ class TrainConfig:
             bad("step_weight", "(0, 1]")
         if not 0 <= self.prompt_weight <= 1:
             bad("prompt_weight", "[0, 1]")
+        if not 0 <= self.teacher_temperature < float("inf"):
+            bad("teacher_temperature", "finite >= 0 (0: the target's argmax alone)")
         if not self.grad_clip > 0:
             bad("grad_clip", "> 0")
         if self.max_minutes is not None and not self.max_minutes > 0:
@@ -497,6 +501,7 @@ def train_eagle3(
             return unroll_fn(
                 head, embed, teacher.captured, batch.tokens, teacher.logits, teacher.argmax, batch.weights,
                 batch.response, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
+                teacher_temperature=cfg.teacher_temperature,
             )
 
     return run_training_loop(

@@ -28,7 +28,8 @@ dense mask (the specification); `ttt_attention` computes it as causal attention 
 plus one extra score per earlier step (no [T, k*T] mask).
 
 Loss of step k: soft cross-entropy between the head's draft-vocabulary distribution and the
-target's distribution restricted (renormalized) to the draft vocabulary, on rows whose
+target's distribution restricted (renormalized) to the draft vocabulary (sharpened by a teacher
+temperature below 1, or the target's argmax alone at 0: `teacher_distribution`), on rows whose
 predicted token has a loss weight > 0 and whose target argmax is in the draft vocabulary
 (others are masked), averaged with those weights; total = sum_k step_weight**k * loss_k
 (0.8**k, the paper's / SpecForge's weights). Accuracy of step k: head argmax (as a target
@@ -44,9 +45,31 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "TTTResult", "UnrollLoss", "estimated_accept_length", "growing_attend", "ttt_attention", "ttt_attention_ref", "ttt_mask",
-    "ttt_unroll",
+    "TTTResult", "UnrollLoss", "estimated_accept_length", "growing_attend", "teacher_distribution", "ttt_attention",
+    "ttt_attention_ref", "ttt_mask", "ttt_unroll",
 ]
+
+
+def teacher_distribution(teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The soft target of the unroll's loss: softmax(logits / temperature) in float32.
+
+    1.0 is the target's own distribution (the EAGLE papers' and SpecForge's loss). Greedy
+    verification accepts a draft only where it is the target's argmax, so a temperature below 1
+    moves the head's capacity from the target's runners-up to its top token; 0 is the one-hot
+    argmax of `teacher_logits` (ties to the first index, as ``argmax``).
+
+    Args:
+        teacher_logits: [..., V] target logits (over the draft vocabulary or the full one).
+        temperature: >= 0.
+    Returns:
+        [..., V] float32, rows summing to 1.
+    """
+    if not temperature >= 0:  # also refuses NaN
+        raise ValueError(f"teacher temperature {temperature!r} is out of range; allowed: >= 0 (0: the argmax alone)")
+    logits = teacher_logits.float()
+    if temperature == 0:
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
+    return torch.softmax(logits / temperature if temperature != 1 else logits, dim=-1)
 
 
 def ttt_mask(T: int, step: int, device=None) -> torch.Tensor:
@@ -202,6 +225,7 @@ def ttt_unroll(
     steps: int = 7,
     step_weight: float = 0.8,
     attention=ttt_attention,
+    teacher_temperature: float = 1.0,
 ) -> TTTResult:
     """Unroll `head` for `steps` TTT steps and return the weighted loss and per-step metrics.
 
@@ -216,6 +240,7 @@ def ttt_unroll(
         response: [B, T] bool, token j is a response token (accuracy rows).
         steps: TTT steps (>= 1). step_weight: loss weight ratio between consecutive steps.
         attention: `ttt_attention` or `ttt_attention_ref`.
+        teacher_temperature: the soft target's temperature (`teacher_distribution`; 1: the target's own).
     """
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
@@ -223,7 +248,7 @@ def ttt_unroll(
     scale = head.config.head_dim**-0.5
     target_ids = head.target_ids()  # [Vd]
     in_vocab = head.t2d[teacher_argmax]  # [B, T] target argmax is a draft token
-    teacher_p = torch.softmax(teacher_logits.float(), dim=-1)  # [B, T, Vd]
+    teacher_p = teacher_distribution(teacher_logits, teacher_temperature)  # [B, T, Vd]
     base = torch.arange(T, device=tokens.device)[None].expand(B, T)
     attend = [growing_attend(attention, scale) for _ in range(head.config.num_layers)]  # each layer grows its own keys
     hidden = captured
