@@ -4,12 +4,18 @@
 # same 550-step schedule (lr 4e-4) on the same data (m6's 60k prompts, seed 3, answered in bf16:
 # what e6 trained on), and differ only in --ttt-steps: u10 unrolls 10 steps, u7 the 7 of every
 # head so far (so u7 - e5 is what the data does, u10 - u7 what the unroll does).
+# And (nineteenth session on) a sharper teacher (--teacher-temperature 0.5 / 0: the loss's target
+# moved toward the argmax, the one token greedy verification accepts), same data, unroll 7, from e5.
 # Also: MTP m5 beside m6 end to end in the other order (m5 first), with m5's tree row.
 # One stage per device call, after the GGUF parts (scripts/gpu_setup.sh); c7 (m6's prompts, m5)
 # carried with the data call:
 #   bash notes/gpu/issue21/e7/calls.sh data      # m6's prompts restored, answered (bf16)
 #   bash notes/gpu/issue21/e7/calls.sh train-u10 # 10-step unroll, then the head packed
 #   bash notes/gpu/issue21/e7/calls.sh train-u7  # 7-step unroll (the control), then the head packed
+#   bash notes/gpu/issue21/e7/calls.sh train-t05 # 7-step unroll, teacher temperature 0.5
+#   bash notes/gpu/issue21/e7/calls.sh train-t0  # 7-step unroll, the target's argmax alone as the target
+# The trains need the data stage's files on the same warm machine: a machine taken back (it
+# happened to the eighteenth session's train-u10) loses them, so run `data` and a train in one call.
 #   bash notes/gpu/issue21/e7/calls.sh mtp-e2e   # m5 (rows first) beside m6 (shipped), bf16, batch 1
 # Logs and packs go to $OUT.
 set -uo pipefail
@@ -22,14 +28,15 @@ data_work=/tmp/specdec-train-smollm2-eagle3  # train_smollm2_parts.sh's default 
 export HEAD=eagle3 STEPS="${STEPS:-550}"
 FL=(--init-head src/specdec/assets/heads/smollm2-eagle3 --seed 3 --num-prompts 60000 --lr 4e-4
     --mix-shares source=0.2,instruct=0.15,math=0.1,header=0.1,self_instruct=0.25,multi_turn=0.2)
-train() {  # RUN TTT_STEPS: the schedule in its own WORK (own checkpoint), the data stage's files linked in
-  local run=$1 ttt=$2 work="/tmp/work-$1"
+train() {  # RUN TTT_STEPS [TEACHER_TEMPERATURE]: the schedule in its own WORK (own checkpoint), the data
+  # stage's files linked in
+  local run=$1 ttt=$2 temp=${3:-1.0} work="/tmp/work-$1"
   mkdir -p "$work"
   for f in "$data_work"/*; do
     case "$(basename "$f")" in checkpoint*) ;; *) ln -sf "$f" "$work/" ;; esac
   done
   WORK="$work" TRAIN_MINUTES=${TRAIN_MINUTES:-6} scripts/train_smollm2_parts.sh train "/root/$run" "${FL[@]}" \
-    --ttt-steps "$ttt" > "$OUT/${run}_train.log" 2>&1
+    --ttt-steps "$ttt" --teacher-temperature "$temp" > "$OUT/${run}_train.log" 2>&1
   echo "$run train rc=$?"; tail -c 1500 "$OUT/${run}_train.log"
   OUT=$OUT scripts/train_smollm2_parts.sh pack "/root/$run"
 }
@@ -40,6 +47,8 @@ case "$1" in
     echo "data rc=$?"; tail -20 "$OUT/e7_data.log" ;;
   train-u10) train e7u10 10 ;;
   train-u7) train e7u7 7 ;;
+  train-t05) train e7t05 7 0.5 ;;
+  train-t0) train e7t0 7 0 ;;
   mtp-e2e)
     (cd examples && python bench_e2e.py --setups target-only mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
        --baseline-mtp "$carried/m5" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
