@@ -16,19 +16,22 @@ in its top 2 / 4 / 8, and how sure the target was where the head missed.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.cpu_threads import apply_threads
 from specdec.drafters.eagle3_checkpoint import load_eagle3
 from specdec.models import load_target
-from specdec.models.gguf import convert_gguf, smollm2_gguf_path
-from specdec.train.categories import category_of, frozen_category_prompts
-from specdec.train.evaluate import encode_any
+from specdec.models.gguf import smollm2_gguf_path
+from specdec.train.categories import CATEGORIES
 from specdec.train.teacher import dense_forward
 from specdec.train.ttt import ttt_unroll
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _frozen_answers import greedy_answers, load_smollm2_hf  # noqa: E402
 
 TOP_KS = (1, 2, 4, 8)
 
@@ -58,6 +61,15 @@ class RankStats:
         self.misses += int(miss.sum())
         self.misses_target_sure += int((miss & (top2.values[:, 0] >= 0.5)).sum())
         self.misses_head_took_target_second += int((miss & (order[:, 0] == top2.indices[:, 1])).sum())
+
+    def merge(self, other: "RankStats") -> None:
+        """Add another category's counts (the "all" row)."""
+        self.positions += other.positions
+        self.misses += other.misses
+        self.misses_target_sure += other.misses_target_sure
+        self.misses_head_took_target_second += other.misses_head_took_target_second
+        for k in TOP_KS:
+            self.in_top[k] += other.in_top[k]
 
     def row(self, name: str) -> str:
         n, m = max(self.positions, 1), max(self.misses, 1)
@@ -97,28 +109,18 @@ def main() -> None:
     if args.new_tokens < 1 or args.per_category < 1:
         raise SystemExit(f"--new-tokens={args.new_tokens} and --per-category={args.per_category} must be >= 1")
     apply_threads("auto")  # a busy 2-core box: the cores not already loaded
-    folder = convert_gguf(smollm2_gguf_path())
-    tok = AutoTokenizer.from_pretrained(folder)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tok, hf = load_smollm2_hf()
     target = load_target(smollm2_gguf_path(), dtype=torch.float32)
     head = load_eagle3(args.head, target=target.info).eval()
-    prompts = frozen_category_prompts(args.per_category)
-    known = sorted({category_of(x) for x in prompts})
+    known = sorted(CATEGORIES)
     wanted = [c for c in args.categories.split(",") if c] or known
     if unknown := [c for c in wanted if c not in known]:
         raise SystemExit(f"--categories {unknown} unknown; allowed: {', '.join(known)}")
     stats: dict[str, RankStats] = {}
-    for prompt in prompts:
-        c = category_of(prompt)
-        if c not in wanted:
-            continue
-        ids = encode_any(prompt, tok, hf.config.vocab_size)
-        if len(ids) + args.new_tokens > hf.config.max_position_embeddings:
-            continue  # as the evaluation does: the prompt and its answer must fit the target's context
+    for c, prompt_len, seq in greedy_answers(hf, tok, args.per_category, args.new_tokens, set(wanted)):
         with torch.no_grad():
-            seq = hf.generate(torch.tensor([ids]), max_new_tokens=args.new_tokens, do_sample=False)
             logits, probs = head_depth1_logits(head, target, seq)
-        answer = slice(len(ids) - 2, None)  # rows predicting the answer's tokens (row t predicts x_{t+2})
+        answer = slice(prompt_len - 2, None)  # rows predicting the answer's tokens (row t predicts x_{t+2})
         stats.setdefault(c, RankStats()).add(logits[answer], probs[answer])
     print(f"head {args.head}: draft depth 1, teacher-forced on the target's greedy answers "
           f"({args.per_category} frozen prompts a category, {args.new_tokens} tokens, float32, CPU)\n")
@@ -129,12 +131,7 @@ def main() -> None:
     for c in wanted:
         s = stats.get(c, RankStats())
         print(s.row(c))
-        total.positions += s.positions
-        total.misses += s.misses
-        total.misses_target_sure += s.misses_target_sure
-        total.misses_head_took_target_second += s.misses_head_took_target_second
-        for k in TOP_KS:
-            total.in_top[k] += s.in_top[k]
+        total.merge(s)
     print(total.row("all"))
 
 

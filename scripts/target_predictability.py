@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.cpu_threads import apply_threads
-from specdec.models.gguf import convert_gguf, smollm2_gguf_path
-from specdec.train.categories import category_of, frozen_category_prompts
-from specdec.train.evaluate import encode_any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _frozen_answers import greedy_answers, load_smollm2_hf  # noqa: E402
 
 
 def parse_exit_layers(text: str, num_layers: int) -> list[int]:
@@ -49,30 +50,22 @@ def main() -> None:
     if args.new_tokens < 1:
         raise SystemExit(f"--new-tokens={args.new_tokens} must be >= 1")
     apply_threads("auto")  # a busy 2-core box: the cores not already loaded
-    folder = convert_gguf(smollm2_gguf_path())
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    context = model.config.max_position_embeddings
+    tok, model = load_smollm2_hf()
     last = model.config.num_hidden_layers - 1
     exits = parse_exit_layers(args.exit_layers, model.config.num_hidden_layers)
     exit_hits: dict[str, list[int]] = {}
     top1: dict[str, list[float]] = {}
     margin: dict[str, list[float]] = {}
-    for prompt in frozen_category_prompts(args.per_category):
-        ids = encode_any(prompt, tok, model.config.vocab_size)
-        if len(ids) + args.new_tokens > context:
-            continue  # as the evaluation does: the prompt and its answer must fit the target's context
+    for c, prompt_len, seq in greedy_answers(model, tok, args.per_category, args.new_tokens):
         with torch.no_grad():
-            seq = model.generate(torch.tensor([ids]), max_new_tokens=args.new_tokens, do_sample=False)
             out = model(seq, output_hidden_states=bool(exits))
-            answer = slice(len(ids) - 1, seq.shape[1] - 1)  # the positions that predict the answer's tokens
+            answer = slice(prompt_len - 1, seq.shape[1] - 1)  # the positions that predict the answer's tokens
             probs = out.logits[0, answer].float().softmax(-1)  # [T, V]
             nxt = probs.argmax(-1)  # [T]
             # hidden_states[l + 1] is layer l's output (the last one only after the final norm)
             hits = [int((model.lm_head(model.model.norm(out.hidden_states[l + 1][0, answer])).argmax(-1) == nxt).sum())
                     for l in exits]
         top = probs.topk(2, -1).values  # [T, 2]
-        c = category_of(prompt)
         exit_hits[c] = [a + b for a, b in zip(exit_hits.get(c, [0] * len(exits)), hits)]
         top1.setdefault(c, []).extend(top[:, 0].tolist())
         margin.setdefault(c, []).extend((top[:, 0] - top[:, 1]).tolist())

@@ -36,3 +36,8 @@ def test_rank_stats_count_hits_top_k_and_the_kind_of_each_miss():
     assert stats.row("x") == "| x | 3 | 0.33 | 0.33 | 0.67 | 0.67 | 0.50 | 1.00 |"
     stats.add(head[:1], target[:1])  # counts add up over calls
     assert stats.positions == 4 and stats.in_top[1] == 2 and stats.misses == 2
+    total = _script().RankStats()
+    total.merge(stats)
+    total.merge(stats)  # the "all" row: categories' counts summed
+    assert total.positions == 8 and total.in_top == {1: 4, 2: 4, 4: 6, 8: 6}
+    assert (total.misses, total.misses_target_sure, total.misses_head_took_target_second) == (4, 2, 4)

@@ -69,7 +69,7 @@ def teacher_distribution(teacher_logits: torch.Tensor, temperature: float = 1.0)
     logits = teacher_logits.float()
     if temperature == 0:
         return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    return torch.softmax(logits / temperature if temperature != 1 else logits, dim=-1)
+    return torch.softmax(logits / temperature, dim=-1)  # x / 1.0 is x exactly: temperature 1 is the plain softmax
 
 
 def ttt_mask(T: int, step: int, device=None) -> torch.Tensor:
