@@ -16,6 +16,11 @@
 #                                                    # ones take an H100 ~7 minutes), for a later session's `data`
 #                                                    # with PROMPTS_FROM=<those pieces, or the folder they unpack to,
 #                                                    # carried with scripts/carry_folder.sh>
+#   scripts/train_smollm2_parts.sh pack-data OUT_DIR  # the finished data (<work>/data.pt, val_data.pt, the prompts) as
+#                                                    # $OUT/data.tgz.NN: a later session's `data` with DATA_FROM=<those
+#                                                    # pieces, or the folder they unpack to, carried with
+#                                                    # scripts/carry_folder.sh> reuses it instead of answering the prompts
+#                                                    # again (~160 s on an H100 for 60k prompts; carrying ~2 calls of ~11 s)
 #   scripts/train_smollm2_parts.sh pack   OUT_DIR   # OUT_DIR as $OUT/<name>.tgz.00, .01, ...: at most 15 MiB a
 #                                                    # piece (a file over 16 MiB does not come back from the GPU
 #                                                    # machine, and a 16384-row head is ~29 MB); here, unpack with
@@ -32,7 +37,7 @@
 # H200 with 32k-token batches and a 4096-token draft vocabulary; the 16384 default is slower, the
 # record says whether the schedule ended); extra flags go to `python -m specdec.train` after the defaults.
 set -euo pipefail
-usage="usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval|pack|pack-prompts OUT_DIR [extra flags]"
+usage="usage: scripts/train_smollm2_parts.sh data|more|train|finish|eval|pack|pack-prompts|pack-data OUT_DIR [extra flags]"
 stage="${1:?$usage}"
 out="${2:?$usage}"
 shift 2
@@ -68,6 +73,22 @@ restore_prompts() {  # PROMPTS_FROM: prompts.jsonl + prompts.settings.json (a fo
     echo "prompts restored from $PROMPTS_FROM into $work"
   fi
 }
+restore_data() {  # DATA_FROM: data.pt (+ val_data.pt, prompts) of an earlier `pack-data`, as its data.tgz.NN pieces or
+  # the folder they unpack to (carried with scripts/carry_folder.sh: /root/carried/NAME); the `data` stage then
+  # finds them made with its settings and reuses them (other flags: it says which differ and makes the data again)
+  if [ -n "${DATA_FROM:-}" ] && [ ! -f "$work/data.pt" ]; then
+    mkdir -p "$work"
+    if [ -f "$DATA_FROM/data.pt" ]; then
+      for f in data.pt val_data.pt prompts.jsonl prompts.settings.json; do
+        if [ -f "$DATA_FROM/$f" ]; then cp "$DATA_FROM/$f" "$work/"; fi
+      done
+    elif compgen -G "$DATA_FROM/data.tgz.*" > /dev/null; then
+      cat "$DATA_FROM"/data.tgz.* | tar -xzf - -C "$work"
+    fi
+    [ -f "$work/data.pt" ] || { echo "DATA_FROM=$DATA_FROM holds no data.pt nor the data.tgz.NN pieces of one" >&2; exit 1; }
+    echo "data restored from $DATA_FROM into $work"
+  fi
+}
 to_pieces() {  # a tgz on stdin -> $dest/$1.tgz.NN of at most 15 MiB (a file over 16 MiB does not come back
   # from the GPU machine), at most 8 of them (the files a call returns); $2 names what was packed
   split -b 15M -d - "$dest/$1.tgz."
@@ -77,7 +98,7 @@ to_pieces() {  # a tgz on stdin -> $dest/$1.tgz.NN of at most 15 MiB (a file ove
   echo "packed $2 into $pieces pieces of at most 15 MiB: $dest/$1.tgz.*"
 }
 case "$stage" in
-  data)   restore_prompts; run --prompt-minutes "$prompt_minutes" --gen-minutes "$gen_minutes" --data-only "$@" ;;
+  data)   restore_data; restore_prompts; run --prompt-minutes "$prompt_minutes" --gen-minutes "$gen_minutes" --data-only "$@" ;;
   more)   run --gen-minutes "$gen_minutes" --continue-generation --data-only "$@" ;;
   train)  run --max-minutes "$train_minutes" --reuse-data "$@" ;;
   finish) run --max-minutes "$finish_minutes" --reuse-data --eval --eval-source categories --eval-prompts "$eval_prompts" \
@@ -87,7 +108,12 @@ case "$stage" in
   pack-prompts) dest="${OUT:?pack-prompts writes its pieces to \$OUT}"
           [ -f "$work/prompts.jsonl" ] || { echo "$work/prompts.jsonl is not there: run the data stage first" >&2; exit 1; }
           tar -C "$work" -czf - prompts.jsonl prompts.settings.json | to_pieces prompts "$work/prompts.jsonl" ;;
+  pack-data) dest="${OUT:?pack-data writes its pieces to \$OUT}"
+          [ -f "$work/data.pt" ] || { echo "$work/data.pt is not there: run the data stage first" >&2; exit 1; }
+          files=(data.pt)
+          for f in val_data.pt prompts.jsonl prompts.settings.json; do if [ -f "$work/$f" ]; then files+=("$f"); fi; done
+          tar -C "$work" -czf - "${files[@]}" | to_pieces data "$work/data.pt" ;;
   eval)   python -m specdec.train eval --target smollm2 --head "$out" --drafter "$head" --eval-source frozen \
             --eval-batch-size 16 --eval-max-new-tokens 128 --json "$out/eval_frozen.json" "$@" ;;
-  *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval, pack, pack-prompts" >&2; exit 2 ;;
+  *) echo "stage $stage is unknown; allowed: data, more, train, finish, eval, pack, pack-prompts, pack-data" >&2; exit 2 ;;
 esac

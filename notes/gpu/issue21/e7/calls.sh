@@ -9,7 +9,7 @@
 # Also: MTP m5 beside m6 end to end in the other order (m5 first), with m5's tree row.
 # One stage per device call, after the GGUF parts (scripts/gpu_setup.sh); c7 (m6's prompts, m5)
 # carried with the data call:
-#   bash notes/gpu/issue21/e7/calls.sh data      # m6's prompts restored, answered (bf16)
+#   bash notes/gpu/issue21/e7/calls.sh data      # m6's prompts restored, answered (bf16), packed to $OUT (data.tgz.NN)
 #   bash notes/gpu/issue21/e7/calls.sh train-u10 # 10-step unroll, then the head packed
 #   bash notes/gpu/issue21/e7/calls.sh train-u7  # 7-step unroll (the control), then the head packed
 #   bash notes/gpu/issue21/e7/calls.sh train-t05 # 7-step unroll, teacher temperature 0.5
@@ -41,10 +41,13 @@ train() {  # RUN TTT_STEPS [TEACHER_TEMPERATURE]: the schedule in its own WORK (
   OUT=$OUT scripts/train_smollm2_parts.sh pack "/root/$run"
 }
 case "$1" in
-  data)
+  data)  # with the answered data carried (/root/carried/e7data: an earlier call's data.tgz.NN unpacked and
+    # carried with scripts/carry_folder.sh e7data DIR, two calls) it is reused; else made and packed to $OUT
+    [ -f /root/carried/e7data/data.pt ] && export DATA_FROM=/root/carried/e7data
     PROMPTS_FROM="$carried/pm6" PROMPT_MINUTES=${PROMPT_MINUTES:-4} GEN_MINUTES=${GEN_MINUTES:-2.2} \
       WORK="$data_work" scripts/train_smollm2_parts.sh data /root/e7_data "${FL[@]}" > "$OUT/e7_data.log" 2>&1
-    echo "data rc=$?"; tail -20 "$OUT/e7_data.log" ;;
+    echo "data rc=$?"; tail -20 "$OUT/e7_data.log"
+    [ -n "${DATA_FROM:-}" ] || OUT=$OUT WORK="$data_work" scripts/train_smollm2_parts.sh pack-data /root/e7_data ;;
   train-u10) train e7u10 10 ;;
   train-u7) train e7u7 7 ;;
   train-t05) train e7t05 7 0.5 ;;
