@@ -14,8 +14,9 @@
 #   bash notes/gpu/issue21/e7/calls.sh train-u7  # 7-step unroll (the control), then the head packed
 #   bash notes/gpu/issue21/e7/calls.sh train-t05 # 7-step unroll, teacher temperature 0.5
 #   bash notes/gpu/issue21/e7/calls.sh train-t0  # 7-step unroll, the target's argmax alone as the target
-# The trains need the data stage's files on the same warm machine: a machine taken back (it
-# happened to the eighteenth session's train-u10) loses them, so run `data` and a train in one call.
+# The trains need the data stage's files on the machine: a machine taken back (it happened to the
+# eighteenth session's train-u10) loses them, so `data` packs them to $OUT (data.tgz.NN) and, carried
+# back as /root/carried/e7data (scripts/carry_folder.sh e7data DIR), reuses them on a new machine.
 #   bash notes/gpu/issue21/e7/calls.sh mtp-e2e   # m5 (rows first) beside m6 (shipped), bf16, batch 1
 # Logs and packs go to $OUT.
 set -uo pipefail
