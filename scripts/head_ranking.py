@@ -1,4 +1,4 @@
-"""Where an EAGLE-3 head's first draft misses the target's token: ranking or candidates.
+"""Where a head's first draft (EAGLE-3 or MTP) misses the target's token: ranking or candidates.
 
 Why: greedy verification accepts the first draft only when it is the target's argmax. If, where
 the head misses, the target's token is still among the head's top few, the head has it and ranks
@@ -11,6 +11,11 @@ in its top 2 / 4 / 8, and how sure the target was where the head missed.
 
     python scripts/head_ranking.py --head src/specdec/assets/heads/smollm2-eagle3
     python scripts/head_ranking.py --head HEAD --per-category 16 --categories general-chat,code-short-header
+    python scripts/head_ranking.py --drafter mtp --head src/specdec/assets/heads/smollm2-mtp
+
+An MTP head's depth 1 is its step 0 (`MTPModel.sequence_forward`: the target's last hidden state
+at t with the embedding of x_{t+1}, predicting x_{t+2}), over its draft vocabulary when its folder
+has one (`draft_vocab.safetensors`, as the `mtp` plugin drafts).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 
 from specdec.cpu_threads import apply_threads
 from specdec.drafters.eagle3_checkpoint import load_eagle3
+from specdec.drafters.mtp_checkpoint import check_against_target, load_draft_vocab, load_mtp
 from specdec.models import load_target
 from specdec.models.gguf import smollm2_gguf_path
 from specdec.train.categories import CATEGORIES
@@ -99,9 +105,25 @@ def head_depth1_logits(head, target, tokens: torch.Tensor) -> tuple[torch.Tensor
     return full, probs
 
 
+def mtp_depth1_logits(head, target, tokens: torch.Tensor, target_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `head_depth1_logits` for an MTP head (`MTPModel`): tokens [1, T] -> (head logits [T - 2, V],
+    -inf outside the draft vocabulary `target_ids` ([Vd] int64, None: the full one), target probs [T - 2, V])."""
+    _, last = dense_forward(target.model, tokens, (len(target.model.layers) - 1,))  # [1, T, d] after the final norm
+    probs = torch.softmax(target.model.lm_head(last).float(), -1)[0, 1:-1]  # [T - 2, V] of x_{t+2}
+    T = tokens.shape[1]
+    _, logits = head.sequence_forward(last[:, :-1], target.model.embed(tokens[:, 1:]), head=target.model.lm_head)  # [1, T - 1, V]
+    full = logits[0, : T - 2].float()
+    if target_ids is not None:
+        outside = torch.ones(full.shape[-1], dtype=torch.bool)
+        outside[target_ids] = False
+        full = full.masked_fill(outside, float("-inf"))
+    return full, probs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--head", required=True, help="an EAGLE-3 head folder for SmolLM2")
+    p.add_argument("--head", required=True, help="a head folder for SmolLM2 (EAGLE-3, or MTP with --drafter mtp)")
+    p.add_argument("--drafter", choices=("eagle3", "mtp"), default="eagle3", help="the head's kind (default eagle3)")
     p.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
     p.add_argument("--categories", default="", help="comma-separated categories (default: all)")
     p.add_argument("--new-tokens", type=int, default=128, help="greedy answer tokens per prompt (default 128)")
@@ -111,7 +133,18 @@ def main() -> None:
     apply_threads("auto")  # a busy 2-core box: the cores not already loaded
     tok, hf = load_smollm2_hf()
     target = load_target(smollm2_gguf_path(), dtype=torch.float32)
-    head = load_eagle3(args.head, target=target.info).eval()
+    if args.drafter == "mtp":
+        head = load_mtp(args.head).eval()
+        check_against_target(head.config, target.info, source=args.head)
+        target_ids = load_draft_vocab(args.head, vocab_size=target.info.vocab_size)
+
+        def depth1(seq):
+            return mtp_depth1_logits(head, target, seq, target_ids)
+    else:
+        head = load_eagle3(args.head, target=target.info).eval()
+
+        def depth1(seq):
+            return head_depth1_logits(head, target, seq)
     known = sorted(CATEGORIES)
     wanted = [c for c in args.categories.split(",") if c] or known
     if unknown := [c for c in wanted if c not in known]:
@@ -119,10 +152,10 @@ def main() -> None:
     stats: dict[str, RankStats] = {}
     for c, prompt_len, seq in greedy_answers(hf, tok, args.per_category, args.new_tokens, set(wanted)):
         with torch.no_grad():
-            logits, probs = head_depth1_logits(head, target, seq)
+            logits, probs = depth1(seq)
         answer = slice(prompt_len - 2, None)  # rows predicting the answer's tokens (row t predicts x_{t+2})
         stats.setdefault(c, RankStats()).add(logits[answer], probs[answer])
-    print(f"head {args.head}: draft depth 1, teacher-forced on the target's greedy answers "
+    print(f"{args.drafter} head {args.head}: draft depth 1, teacher-forced on the target's greedy answers "
           f"({args.per_category} frozen prompts a category, {args.new_tokens} tokens, float32, CPU)\n")
     print("| category | positions | head top-1 = target argmax | in top 2 | in top 4 | in top 8 "
           "| misses where the target's top-1 p >= 0.5 | misses where the head took the target's 2nd |")

@@ -41,3 +41,37 @@ def test_rank_stats_count_hits_top_k_and_the_kind_of_each_miss():
     total.merge(stats)  # the "all" row: categories' counts summed
     assert total.positions == 8 and total.in_top == {1: 4, 2: 4, 4: 6, 8: 6}
     assert (total.misses, total.misses_target_sure, total.misses_head_took_target_second) == (4, 2, 4)
+
+
+def test_mtp_depth1_row_t_is_the_head_after_x_t_plus_1_predicting_x_t_plus_2(tmp_path):
+    """Row t of `mtp_depth1_logits` is what the MTP head drafts at depth 1 after the context
+    x_0..x_{t+1} (its step 0 on the target's last hidden state at t and x_{t+1}), beside the
+    target's distribution of x_{t+2}: the full sequence's row t equals the last row of a run on
+    that prefix alone (causal, and no off-by-one), and tokens outside the draft vocabulary get -inf."""
+    from _mtp_heads import random_mtp
+    from _tiny_models import make_checkpoint
+
+    from specdec.models import load_target
+    from specdec.train.teacher import dense_forward
+
+    make_checkpoint("llama", tmp_path, num_hidden_layers=2, vocab_size=96)
+    target = load_target(tmp_path, dtype=torch.float32)
+    head = random_mtp(seed=3)
+    tokens = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(0))
+    ranking = _script()
+    with torch.no_grad():
+        logits, probs = ranking.mtp_depth1_logits(head, target, tokens, None)
+        assert logits.shape == probs.shape == (10, 96)
+        for t in (0, 4, 9):
+            prefix = tokens[:, : t + 2]  # x_0..x_{t+1}
+            _, last = dense_forward(target.model, prefix, (len(target.model.layers) - 1,))
+            _, alone = head.sequence_forward(last, target.model.embed(torch.cat([prefix[:, 1:], prefix[:, -1:]], 1)),
+                                             head=target.model.lm_head)  # the last row pairs h_{t+1} with a dummy
+            torch.testing.assert_close(logits[t], alone[0, t].float(), rtol=1e-5, atol=1e-5)
+            _, with_next = dense_forward(target.model, tokens[:, : t + 2], (len(target.model.layers) - 1,))
+            want = torch.softmax(target.model.lm_head(with_next[0, t + 1]).float(), -1)  # the target's x_{t+2}
+            torch.testing.assert_close(probs[t], want, rtol=1e-5, atol=1e-6)
+        ids = torch.tensor([3, 17, 40, 95])
+        masked, _ = ranking.mtp_depth1_logits(head, target, tokens, ids)
+    assert torch.isinf(masked).sum() == 10 * (96 - 4)
+    torch.testing.assert_close(masked[:, ids], logits[:, ids])

@@ -14,6 +14,7 @@
 #   bash notes/gpu/issue21/e7/calls.sh train-u7  # 7-step unroll (the control), then the head packed
 #   bash notes/gpu/issue21/e7/calls.sh train-t05 # 7-step unroll, teacher temperature 0.5
 #   bash notes/gpu/issue21/e7/calls.sh train-t0  # 7-step unroll, the target's argmax alone as the target
+#   bash notes/gpu/issue21/e7/calls.sh train-mt0 # the MTP head m6, the same data, the argmax alone as the target
 # The trains need the data stage's files on the machine: a machine taken back (it happened to the
 # eighteenth session's train-u10) loses them, so `data` packs them to $OUT (data.tgz.NN) and, carried
 # back as /root/carried/e7data (scripts/carry_folder.sh e7data DIR), reuses them on a new machine.
@@ -29,15 +30,16 @@ data_work=/tmp/specdec-train-smollm2-eagle3  # train_smollm2_parts.sh's default 
 export HEAD=eagle3 STEPS="${STEPS:-550}"
 FL=(--init-head src/specdec/assets/heads/smollm2-eagle3 --seed 3 --num-prompts 60000 --lr 4e-4
     --mix-shares source=0.2,instruct=0.15,math=0.1,header=0.1,self_instruct=0.25,multi_turn=0.2)
-train() {  # RUN TTT_STEPS [TEACHER_TEMPERATURE]: the schedule in its own WORK (own checkpoint), the data
-  # stage's files linked in
+train() {  # RUN TTT_STEPS [TEACHER_TEMPERATURE [FLAGS...]]: the schedule in its own WORK (own checkpoint), the
+  # data stage's files linked in; FLAGS override FL's (the last of a flag wins)
   local run=$1 ttt=$2 temp=${3:-1.0} work="/tmp/work-$1"
+  shift $(( $# < 3 ? $# : 3 ))
   mkdir -p "$work"
   for f in "$data_work"/*; do
     case "$(basename "$f")" in checkpoint*) ;; *) ln -sf "$f" "$work/" ;; esac
   done
   WORK="$work" TRAIN_MINUTES=${TRAIN_MINUTES:-6} scripts/train_smollm2_parts.sh train "/root/$run" "${FL[@]}" \
-    --ttt-steps "$ttt" --teacher-temperature "$temp" > "$OUT/${run}_train.log" 2>&1
+    --ttt-steps "$ttt" --teacher-temperature "$temp" "$@" > "$OUT/${run}_train.log" 2>&1
   echo "$run train rc=$?"; tail -c 1500 "$OUT/${run}_train.log"
   OUT=$OUT scripts/train_smollm2_parts.sh pack "/root/$run"
 }
@@ -53,6 +55,9 @@ case "$1" in
   train-u7) train e7u7 7 ;;
   train-t05) train e7t05 7 0.5 ;;
   train-t0) train e7t0 7 0 ;;
+  train-mt0)  # the shipped MTP head m6 on the same data, the argmax alone as its target (m6, trained at T = 1 on
+    # 74k answers of the same mix and seed, is its approximate control; MTP ~2.4 steps/s: ~260 s)
+    HEAD=mtp train e7mt0 7 0 --init-head src/specdec/assets/heads/smollm2-mtp --mtp-loss-vocab draft ;;
   mtp-e2e)
     (cd examples && python bench_e2e.py --setups target-only mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
        --baseline-mtp "$carried/m5" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
