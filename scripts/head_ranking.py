@@ -12,6 +12,13 @@ in its top 2 / 4 / 8, and how sure the target was where the head missed.
     python scripts/head_ranking.py --head src/specdec/assets/heads/smollm2-eagle3
     python scripts/head_ranking.py --head HEAD --per-category 16 --categories general-chat,code-short-header
     python scripts/head_ranking.py --drafter mtp --head src/specdec/assets/heads/smollm2-mtp
+    python scripts/head_ranking.py --head HEAD --depths 5   # + each depth's top-1 / top-2 and the chain tau of each
+
+With --depths D the deeper drafts are ranked too, teacher-forced: depth k after the true context,
+which is what a chain that reached depth k drafts (the drafts before it were the target's tokens),
+so a depth's top-1 rate estimates the chain's acceptance there, and its top-2 rate what a head that
+ranked the target's token first whenever it had it second would accept: a generous estimate of what
+a sharper teacher can do for that head (it reorders near-misses; it adds no knowledge).
 
 An MTP head's depth 1 is its step 0 (`MTPModel.sequence_forward`: the target's last hidden state
 at t with the embedding of x_{t+1}, predicting x_{t+2}), over its draft vocabulary when its folder
@@ -34,10 +41,11 @@ from specdec.models import load_target
 from specdec.models.gguf import smollm2_gguf_path
 from specdec.train.categories import CATEGORIES
 from specdec.train.teacher import dense_forward
-from specdec.train.ttt import ttt_unroll
+from specdec.train.ttt import _shift_tokens, growing_attend, ttt_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _frozen_answers import greedy_answers, load_smollm2_hf  # noqa: E402
+from tau_what_if import tau_from_depths  # noqa: E402
 
 TOP_KS = (1, 2, 4, 8)
 
@@ -84,40 +92,55 @@ class RankStats:
                 f"{self.misses_head_took_target_second / m:.2f} |")
 
 
-def head_depth1_logits(head, target, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens [1, T] -> (head logits [T - 2, V] over the target's vocabulary, target probs
-    [T - 2, V]): row t is draft depth 1 after the context x_0..x_{t+1}, predicting x_{t+2}."""
-    layers = head.config.capture_layers
-    captured, last = dense_forward(target.model, tokens, layers)  # [1, T, 3d], [1, T, d]
-    probs = torch.softmax(target.model.lm_head(last).float(), -1)[0, 1:-1]  # [T - 2, V] of x_{t+2}
-    seen = []
-    hook = head.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+def _over_target_vocab(draft: torch.Tensor, target_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """[n, Vd] logits of the draft vocabulary `target_ids` (None: already [n, V]) -> [n, V], -inf outside it."""
+    if target_ids is None:
+        return draft.float()
+    full = torch.full((draft.shape[0], vocab_size), float("-inf"))
+    full[:, target_ids] = draft.float()
+    return full
+
+
+def eagle3_depth_logits(head, target, tokens: torch.Tensor, depths: int = 1) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """tokens [1, T] -> (per draft depth k = 1..depths the head's logits [T - k - 1, V] over the
+    target's vocabulary (-inf outside the draft vocabulary), the target's probs [T, V]): row t of
+    depth k is the draft after the context x_0..x_{t+k} (teacher-forced: what a chain that reached
+    depth k drafts; TTT step k - 1, `train.ttt`), predicting x_{t+k+1}, whose target distribution
+    is probs row t + k (row j of probs is the target's distribution of x_{j+1})."""
+    captured, last = dense_forward(target.model, tokens, head.config.capture_layers)  # [1, T, 3d], [1, T, d]
+    probs = torch.softmax(target.model.lm_head(last).float(), -1)[0]  # [T, V]
     T = tokens.shape[1]
-    try:
-        vd = head.target_ids().shape[0]
-        ttt_unroll(head, target.model.embed, captured, tokens, torch.zeros(1, T, vd), torch.zeros(1, T, dtype=torch.int64),
-                   torch.ones(1, T), torch.ones(1, T, dtype=torch.bool), steps=1)
-    finally:
-        hook.remove()
-    draft = seen[0][0, : T - 2].float()  # [T - 2, Vd]
-    full = torch.full((T - 2, probs.shape[-1]), float("-inf"))
-    full[:, head.target_ids()] = draft
-    return full, probs
+    base = torch.arange(T)[None]  # [1, T]
+    attend = [growing_attend(ttt_attention, head.config.head_dim**-0.5) for _ in range(head.config.num_layers)]
+    hidden, out = captured, []
+    for k in range(depths):
+        emb = target.model.embed(_shift_tokens(tokens, k + 1))  # [1, T, d]: x_{t+k+1}
+        hidden, logits = head(emb, hidden, base + k, attend, first_step=k == 0)  # [1, T, d], [1, T, Vd]
+        out.append(_over_target_vocab(logits[0, : T - k - 2], head.target_ids(), probs.shape[-1]))
+    return out, probs
 
 
-def mtp_depth1_logits(head, target, tokens: torch.Tensor, target_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """As `head_depth1_logits` for an MTP head (`MTPModel`): tokens [1, T] -> (head logits [T - 2, V],
-    -inf outside the draft vocabulary `target_ids` ([Vd] int64, None: the full one), target probs [T - 2, V])."""
+def mtp_depth_logits(head, target, tokens: torch.Tensor, target_ids: torch.Tensor | None,
+                     depths: int = 1) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """As `eagle3_depth_logits` for an MTP head (`MTPModel`, recursive: depth k reads depth k - 1's
+    feedback, as `mtp_unroll` trains it and the drafter runs it), over the draft vocabulary
+    `target_ids` ([Vd] int64; None: the full one)."""
     _, last = dense_forward(target.model, tokens, (len(target.model.layers) - 1,))  # [1, T, d] after the final norm
-    probs = torch.softmax(target.model.lm_head(last).float(), -1)[0, 1:-1]  # [T - 2, V] of x_{t+2}
+    probs = torch.softmax(target.model.lm_head(last).float(), -1)[0]  # [T, V]
     T = tokens.shape[1]
-    _, logits = head.sequence_forward(last[:, :-1], target.model.embed(tokens[:, 1:]), head=target.model.lm_head)  # [1, T - 1, V]
-    full = logits[0, : T - 2].float()
-    if target_ids is not None:
-        outside = torch.ones(full.shape[-1], dtype=torch.bool)
-        outside[target_ids] = False
-        full = full.masked_fill(outside, float("-inf"))
-    return full, probs
+    base = torch.arange(T)[None]  # [1, T]
+    attend = growing_attend(ttt_attention, head.config.head_dim**-0.5)
+    hidden, out = last, []
+    for k in range(depths):
+        emb = target.model.embed(_shift_tokens(tokens, k + 1))  # [1, T, d]: x_{t+k+1}
+        hidden, logits = head(emb, hidden, base + k, attend, head=target.model.lm_head)  # [1, T, d], [1, T, V]
+        full = logits[0, : T - k - 2].float()
+        if target_ids is not None:
+            outside = torch.ones(full.shape[-1], dtype=torch.bool)
+            outside[target_ids] = False
+            full = full.masked_fill(outside, float("-inf"))
+        out.append(full)
+    return out, probs
 
 
 def main() -> None:
@@ -127,9 +150,14 @@ def main() -> None:
     p.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
     p.add_argument("--categories", default="", help="comma-separated categories (default: all)")
     p.add_argument("--new-tokens", type=int, default=128, help="greedy answer tokens per prompt (default 128)")
+    p.add_argument("--depths", type=int, default=1,
+                   help="draft depths to rank, 1..8 (default 1); above 1 a per-depth table follows, with the chain tau "
+                        "of the teacher-forced top-1 rates and what it would be if every top-2 hit were a top-1 one")
     args = p.parse_args()
     if args.new_tokens < 1 or args.per_category < 1:
         raise SystemExit(f"--new-tokens={args.new_tokens} and --per-category={args.per_category} must be >= 1")
+    if not 1 <= args.depths <= 8:
+        raise SystemExit(f"--depths={args.depths} is out of range; allowed: 1..8")
     apply_threads("auto")  # a busy 2-core box: the cores not already loaded
     tok, hf = load_smollm2_hf()
     target = load_target(smollm2_gguf_path(), dtype=torch.float32)
@@ -138,34 +166,54 @@ def main() -> None:
         check_against_target(head.config, target.info, source=args.head)
         target_ids = load_draft_vocab(args.head, vocab_size=target.info.vocab_size)
 
-        def depth1(seq):
-            return mtp_depth1_logits(head, target, seq, target_ids)
+        def depth_logits(seq):
+            return mtp_depth_logits(head, target, seq, target_ids, args.depths)
     else:
         head = load_eagle3(args.head, target=target.info).eval()
 
-        def depth1(seq):
-            return head_depth1_logits(head, target, seq)
+        def depth_logits(seq):
+            return eagle3_depth_logits(head, target, seq, args.depths)
     known = sorted(CATEGORIES)
     wanted = [c for c in args.categories.split(",") if c] or known
     if unknown := [c for c in wanted if c not in known]:
         raise SystemExit(f"--categories {unknown} unknown; allowed: {', '.join(known)}")
-    stats: dict[str, RankStats] = {}
+    stats: dict[tuple[str, int], RankStats] = {}
     for c, prompt_len, seq in greedy_answers(hf, tok, args.per_category, args.new_tokens, set(wanted)):
         with torch.no_grad():
-            logits, probs = depth1(seq)
-        answer = slice(prompt_len - 2, None)  # rows predicting the answer's tokens (row t predicts x_{t+2})
-        stats.setdefault(c, RankStats()).add(logits[answer], probs[answer])
+            per_depth, probs = depth_logits(seq)
+        for k, logits in enumerate(per_depth):  # row t of depth k + 1 predicts x_{t+k+2}: the answer's rows from prompt_len - k - 2
+            first = max(prompt_len - k - 2, 0)
+            n = logits.shape[0]
+            stats.setdefault((c, k + 1), RankStats()).add(logits[first:], probs[first + k + 1 : n + k + 1])
     print(f"{args.drafter} head {args.head}: draft depth 1, teacher-forced on the target's greedy answers "
           f"({args.per_category} frozen prompts a category, {args.new_tokens} tokens, float32, CPU)\n")
     print("| category | positions | head top-1 = target argmax | in top 2 | in top 4 | in top 8 "
           "| misses where the target's top-1 p >= 0.5 | misses where the head took the target's 2nd |")
     print("|---|---|---|---|---|---|---|---|")
-    total = RankStats()
+    totals = {k: RankStats() for k in range(1, args.depths + 1)}
     for c in wanted:
-        s = stats.get(c, RankStats())
-        print(s.row(c))
-        total.merge(s)
-    print(total.row("all"))
+        for k in totals:
+            totals[k].merge(stats.get((c, k), RankStats()))
+        print(stats.get((c, 1), RankStats()).row(c))
+    print(totals[1].row("all"))
+    if args.depths > 1:
+        print(depth_table(wanted, stats, totals, args.depths))
+
+
+def depth_table(categories: list[str], stats: dict[tuple[str, int], "RankStats"], totals: dict[int, "RankStats"],
+                depths: int) -> str:
+    """Per category, each depth's teacher-forced top-1 / top-2 rates, and the chain tau of D = `depths`
+    from each: 1 + r1 + r1 r2 + ... (what a chain accepts, if its acceptance at depth k given depth k
+    reached were the teacher-forced rate there)."""
+    rows = [f"\n| category | {' | '.join(f'depth {k}: top-1 / top-2' for k in range(1, depths + 1))} "
+            f"| chain tau D={depths} from top-1 | ... from top-2 |",
+            "|---|" + "---|" * (depths + 2)]
+    for name, get in [(c, lambda k, c=c: stats.get((c, k), RankStats())) for c in categories] + [("all", totals.__getitem__)]:
+        top1 = [get(k).in_top[1] / max(get(k).positions, 1) for k in range(1, depths + 1)]
+        top2 = [get(k).in_top[2] / max(get(k).positions, 1) for k in range(1, depths + 1)]
+        cells = " | ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(top1, top2))
+        rows.append(f"| {name} | {cells} | {tau_from_depths(top1):.2f} | {tau_from_depths(top2):.2f} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
