@@ -134,12 +134,8 @@ def mtp_depth_logits(head, target, tokens: torch.Tensor, target_ids: torch.Tenso
     for k in range(depths):
         emb = target.model.embed(_shift_tokens(tokens, k + 1))  # [1, T, d]: x_{t+k+1}
         hidden, logits = head(emb, hidden, base + k, attend, head=target.model.lm_head)  # [1, T, d], [1, T, V]
-        full = logits[0, : T - k - 2].float()
-        if target_ids is not None:
-            outside = torch.ones(full.shape[-1], dtype=torch.bool)
-            outside[target_ids] = False
-            full = full.masked_fill(outside, float("-inf"))
-        out.append(full)
+        rows = logits[0, : T - k - 2]  # [T - k - 2, V]
+        out.append(_over_target_vocab(rows if target_ids is None else rows[:, target_ids], target_ids, probs.shape[-1]))
     return out, probs
 
 
