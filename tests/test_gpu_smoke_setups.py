@@ -4,20 +4,14 @@ that names no setup instead of running nothing."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_smoke.py"
+from _scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def smoke():
-    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_smoke")
 
 
 def test_only_runs_target_only_first_then_the_setups_named(smoke):

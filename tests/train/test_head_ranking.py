@@ -1,19 +1,11 @@
 """scripts/head_ranking.py's counting: where the head ranks the target's argmax, and its misses."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "head_ranking.py"
+from _scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("head_ranking", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("head_ranking", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("head_ranking")
 
 
 def test_rank_stats_count_hits_top_k_and_the_kind_of_each_miss():

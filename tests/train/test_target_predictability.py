@@ -1,17 +1,11 @@
 """scripts/target_predictability.py's --exit-layers: parsed before any model runs, bad values named."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "target_predictability.py"
+from _scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("target_predictability", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("target_predictability")
 
 
 def test_exit_layers_parse_within_the_layers_before_the_last():

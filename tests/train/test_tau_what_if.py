@@ -1,19 +1,14 @@
 """scripts/tau_what_if.py: tau from per-depth acceptance, and the lift a target tau needs."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tau_what_if.py"
+from _scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("tau_what_if", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tau_what_if")
 
 
 def test_tau_is_one_plus_the_chance_of_reaching_each_depth():
