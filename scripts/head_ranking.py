@@ -41,7 +41,8 @@ from specdec.models import load_target
 from specdec.models.gguf import smollm2_gguf_path
 from specdec.train.categories import CATEGORIES
 from specdec.train.teacher import dense_forward
-from specdec.train.ttt import _shift_tokens, growing_attend, ttt_attention
+from specdec.train.mtp_unroll import mtp_draft_states
+from specdec.train.ttt import ttt_draft_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _frozen_answers import greedy_answers, load_smollm2_hf  # noqa: E402
@@ -110,14 +111,8 @@ def eagle3_depth_logits(head, target, tokens: torch.Tensor, depths: int = 1) -> 
     captured, last = dense_forward(target.model, tokens, head.config.capture_layers)  # [1, T, 3d], [1, T, d]
     probs = torch.softmax(target.model.lm_head(last).float(), -1)[0]  # [T, V]
     T = tokens.shape[1]
-    base = torch.arange(T)[None]  # [1, T]
-    attend = [growing_attend(ttt_attention, head.config.head_dim**-0.5) for _ in range(head.config.num_layers)]
-    hidden, out = captured, []
-    for k in range(depths):
-        emb = target.model.embed(_shift_tokens(tokens, k + 1))  # [1, T, d]: x_{t+k+1}
-        hidden, logits = head(emb, hidden, base + k, attend, first_step=k == 0)  # [1, T, d], [1, T, Vd]
-        out.append(_over_target_vocab(logits[0, : T - k - 2], head.target_ids(), probs.shape[-1]))
-    return out, probs
+    return [_over_target_vocab(logits[0, : T - k - 2], head.target_ids(), probs.shape[-1])
+            for k, logits in ttt_draft_steps(head, target.model.embed, captured, tokens, depths)], probs
 
 
 def mtp_depth_logits(head, target, tokens: torch.Tensor, target_ids: torch.Tensor | None,
@@ -128,13 +123,9 @@ def mtp_depth_logits(head, target, tokens: torch.Tensor, target_ids: torch.Tenso
     _, last = dense_forward(target.model, tokens, (len(target.model.layers) - 1,))  # [1, T, d] after the final norm
     probs = torch.softmax(target.model.lm_head(last).float(), -1)[0]  # [T, V]
     T = tokens.shape[1]
-    base = torch.arange(T)[None]  # [1, T]
-    attend = growing_attend(ttt_attention, head.config.head_dim**-0.5)
-    hidden, out = last, []
-    for k in range(depths):
-        emb = target.model.embed(_shift_tokens(tokens, k + 1))  # [1, T, d]: x_{t+k+1}
-        hidden, logits = head(emb, hidden, base + k, attend, head=target.model.lm_head)  # [1, T, d], [1, T, V]
-        rows = logits[0, : T - k - 2]  # [T - k - 2, V]
+    out = []
+    for k, state in mtp_draft_states(head, target.model.embed, last, tokens, depths):
+        rows = head.logits(state[0, : T - k - 2], target.model.lm_head)  # [T - k - 2, V]
         out.append(_over_target_vocab(rows if target_ids is None else rows[:, target_ids], target_ids, probs.shape[-1]))
     return out, probs
 

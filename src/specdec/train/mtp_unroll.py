@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from .teacher import dense_forward
 from .ttt import TTTResult, UnrollLoss, _shift_tokens, growing_attend, teacher_distribution, ttt_attention
 
-__all__ = ["MTPTeacherOutput", "mtp_teacher_forward", "mtp_unroll"]
+__all__ = ["MTPTeacherOutput", "mtp_draft_states", "mtp_teacher_forward", "mtp_unroll"]
 
 
 class MTPTeacherOutput:
@@ -82,6 +82,23 @@ def _soft_ce(model, head, state: torch.Tensor, teacher_p: torch.Tensor) -> torch
     """state [B, n, d], teacher_p [B, n, V] -> [B, n] float32 soft cross-entropy."""
     logits = model.logits(state, head).float()  # [B, n, V]
     return torch.logsumexp(logits, -1) - (teacher_p * logits).sum(-1)
+
+
+def mtp_draft_states(model, embed, last_hidden: torch.Tensor, tokens: torch.Tensor, steps: int, attention=ttt_attention):
+    """The unroll's forward: yields (k, block output [B, T, d]) for steps k = 0..steps-1 (step k
+    reads step k-1's `feedback`), row t of step k the draft after x_0..x_{t+k+1}, whose
+    ``model.logits`` predict x_{t+k+2}. `mtp_unroll` puts its loss on these; `scripts/head_ranking.py`
+    ranks them."""
+    B, T = tokens.shape
+    base = torch.arange(T, device=tokens.device)[None].expand(B, T)
+    attend = growing_attend(attention, model.config.head_dim**-0.5)
+    hidden = last_hidden
+    for k in range(steps):
+        emb = embed(_shift_tokens(tokens, k + 1))  # [B, T, d]: x_{t+k+1}
+        model._check(emb, hidden)
+        state = model.block(model.fuse(emb, hidden), base + k, attend)  # [B, T, d] block output
+        hidden = model.feedback(state)
+        yield k, state
 
 
 def mtp_unroll(
@@ -126,21 +143,13 @@ def mtp_unroll(
     """
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
-    B, T = tokens.shape
-    scale = model.config.head_dim**-0.5
+    T = tokens.shape[1]
     teacher_p = teacher_distribution(teacher_logits, teacher_temperature)  # [B, T, V] (or [B, T, Vd])
     in_vocab = None
     if target_ids is not None:
         in_vocab = torch.isin(teacher_argmax, target_ids)  # [B, T] the teacher's argmax is a draft token
-    base = torch.arange(T, device=tokens.device)[None].expand(B, T)
-    attend = growing_attend(attention, scale)
-    hidden = last_hidden
     acc = UnrollLoss(last_hidden, step_weight)
-    for k in range(steps):
-        emb = embed(_shift_tokens(tokens, k + 1))  # [B, T, d]: x_{t+k+1}
-        model._check(emb, hidden)
-        state = model.block(model.fuse(emb, hidden), base + k, attend)  # [B, T, d] block output
-        hidden = model.feedback(state)
+    for k, state in mtp_draft_states(model, embed, last_hidden, tokens, steps, attention):
         n = T - k - 2  # rows whose predicted token x_{t+k+2} exists
         if n <= 0:
             acc.skip()

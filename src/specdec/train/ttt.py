@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "TTTResult", "UnrollLoss", "estimated_accept_length", "growing_attend", "teacher_distribution", "ttt_attention",
-    "ttt_attention_ref", "ttt_mask", "ttt_unroll",
+    "ttt_attention_ref", "ttt_draft_steps", "ttt_mask", "ttt_unroll",
 ]
 
 
@@ -244,18 +244,12 @@ def ttt_unroll(
     """
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
-    B, T = tokens.shape
-    scale = head.config.head_dim**-0.5
+    T = tokens.shape[1]
     target_ids = head.target_ids()  # [Vd]
     in_vocab = head.t2d[teacher_argmax]  # [B, T] target argmax is a draft token
     teacher_p = teacher_distribution(teacher_logits, teacher_temperature)  # [B, T, Vd]
-    base = torch.arange(T, device=tokens.device)[None].expand(B, T)
-    attend = [growing_attend(attention, scale) for _ in range(head.config.num_layers)]  # each layer grows its own keys
-    hidden = captured
     acc = UnrollLoss(captured, step_weight)
-    for k in range(steps):
-        emb = embed(_shift_tokens(tokens, k + 1))  # [B, T, d]: x_{t+k+1}
-        hidden, logits = head(emb, hidden, base + k, attend, first_step=k == 0)  # [B, T, d], [B, T, Vd]
+    for k, logits in ttt_draft_steps(head, embed, captured, tokens, steps, attention):
         n = T - k - 2  # rows whose predicted token x_{t+k+2} exists
         if n <= 0:
             acc.skip()
@@ -267,6 +261,20 @@ def ttt_unroll(
             pred = target_ids[logits[:, :n].argmax(-1)]  # [B, n] target ids
         acc.add(k, ce, w, pred, teacher_argmax[:, k + 1 : k + 1 + n], response[:, k + 2 : k + 2 + n])
     return acc.result()
+
+
+def ttt_draft_steps(head, embed, captured: torch.Tensor, tokens: torch.Tensor, steps: int, attention=ttt_attention):
+    """The unroll's forward: yields (k, logits [B, T, Vd]) for TTT steps k = 0..steps-1, row t of
+    step k the head's draft after x_0..x_{t+k+1} (teacher-forced), predicting x_{t+k+2}.
+    `ttt_unroll` puts its loss on these; `scripts/head_ranking.py` ranks them."""
+    B, T = tokens.shape
+    base = torch.arange(T, device=tokens.device)[None].expand(B, T)
+    attend = [growing_attend(attention, head.config.head_dim**-0.5) for _ in range(head.config.num_layers)]  # each layer grows its own keys
+    hidden = captured
+    for k in range(steps):
+        emb = embed(_shift_tokens(tokens, k + 1))  # [B, T, d]: x_{t+k+1}
+        hidden, logits = head(emb, hidden, base + k, attend, first_step=k == 0)  # [B, T, d], [B, T, Vd]
+        yield k, logits
 
 
 def estimated_accept_length(step_acc: list[float], depth: int = 5) -> float:
