@@ -73,13 +73,14 @@ restore_prompts() {  # PROMPTS_FROM: prompts.jsonl + prompts.settings.json (a fo
     echo "prompts restored from $PROMPTS_FROM into $work"
   fi
 }
+data_files=(data.pt val_data.pt prompts.jsonl prompts.settings.json)  # what pack-data packs and DATA_FROM restores
 restore_data() {  # DATA_FROM: data.pt (+ val_data.pt, prompts) of an earlier `pack-data`, as its data.tgz.NN pieces or
   # the folder they unpack to (carried with scripts/carry_folder.sh: /root/carried/NAME); the `data` stage then
   # finds them made with its settings and reuses them (other flags: it says which differ and makes the data again)
   if [ -n "${DATA_FROM:-}" ] && [ ! -f "$work/data.pt" ]; then
     mkdir -p "$work"
     if [ -f "$DATA_FROM/data.pt" ]; then
-      for f in data.pt val_data.pt prompts.jsonl prompts.settings.json; do
+      for f in "${data_files[@]}"; do
         if [ -f "$DATA_FROM/$f" ]; then cp "$DATA_FROM/$f" "$work/"; fi
       done
     elif compgen -G "$DATA_FROM/data.tgz.*" > /dev/null; then
@@ -110,8 +111,8 @@ case "$stage" in
           tar -C "$work" -czf - prompts.jsonl prompts.settings.json | to_pieces prompts "$work/prompts.jsonl" ;;
   pack-data) dest="${OUT:?pack-data writes its pieces to \$OUT}"
           [ -f "$work/data.pt" ] || { echo "$work/data.pt is not there: run the data stage first" >&2; exit 1; }
-          files=(data.pt)
-          for f in val_data.pt prompts.jsonl prompts.settings.json; do if [ -f "$work/$f" ]; then files+=("$f"); fi; done
+          files=()
+          for f in "${data_files[@]}"; do if [ -f "$work/$f" ]; then files+=("$f"); fi; done
           tar -C "$work" -czf - "${files[@]}" | to_pieces data "$work/data.pt" ;;
   eval)   python -m specdec.train eval --target smollm2 --head "$out" --drafter "$head" --eval-source frozen \
             --eval-batch-size 16 --eval-max-new-tokens 128 --json "$out/eval_frozen.json" "$@" ;;
