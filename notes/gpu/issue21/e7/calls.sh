@@ -15,6 +15,7 @@
 #   bash notes/gpu/issue21/e7/calls.sh train-t05 # 7-step unroll, teacher temperature 0.5
 #   bash notes/gpu/issue21/e7/calls.sh train-t0  # 7-step unroll, the target's argmax alone as the target
 #   bash notes/gpu/issue21/e7/calls.sh train-mt0 # the MTP head m6, the same data, the argmax alone as the target
+#   bash notes/gpu/issue21/e7/calls.sh train-mt1 # its control: the same at teacher temperature 1
 # The trains need the data stage's files on the machine: a machine taken back (it happened to the
 # eighteenth session's train-u10) loses them, so `data` packs them to $OUT (data.tgz.NN) and, carried
 # back as /root/carried/e7data (scripts/carry_folder.sh e7data DIR), reuses them on a new machine.
@@ -58,6 +59,9 @@ case "$1" in
   train-mt0)  # the shipped MTP head m6 on the same data, the argmax alone as its target (m6, trained at T = 1 on
     # 74k answers of the same mix and seed, is its approximate control; MTP ~2.4 steps/s: ~260 s)
     HEAD=mtp train e7mt0 7 0 --init-head src/specdec/assets/heads/smollm2-mtp --mtp-loss-vocab draft ;;
+  train-mt1)  # mt0's control (twentieth session on): the same init, data and schedule at teacher temperature 1, so that
+    # mt1 - m6 is what more steps on this data do and mt0 - mt1 what the argmax target does
+    HEAD=mtp train e7mt1 7 1.0 --init-head src/specdec/assets/heads/smollm2-mtp --mtp-loss-vocab draft ;;
   mtp-e2e)
     (cd examples && python bench_e2e.py --setups target-only mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
        --baseline-mtp "$carried/m5" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
