@@ -177,27 +177,29 @@ def main() -> None:
     print("| category | positions | head top-1 = target argmax | in top 2 | in top 4 | in top 8 "
           "| misses where the target's top-1 p >= 0.5 | misses where the head took the target's 2nd |")
     print("|---|---|---|---|---|---|---|---|")
-    totals = {k: RankStats() for k in range(1, args.depths + 1)}
+    per_depth = {c: [stats.get((c, k), RankStats()) for k in range(1, args.depths + 1)] for c in wanted}  # name -> depth 1..D
+    totals = [RankStats() for _ in range(args.depths)]
     for c in wanted:
-        for k in totals:
-            totals[k].merge(stats.get((c, k), RankStats()))
-        print(stats.get((c, 1), RankStats()).row(c))
-    print(totals[1].row("all"))
+        for total, s in zip(totals, per_depth[c]):
+            total.merge(s)
+        print(per_depth[c][0].row(c))
+    print(totals[0].row("all"))
     if args.depths > 1:
-        print(depth_table(wanted, stats, totals, args.depths))
+        print(depth_table({**per_depth, "all": totals}))
 
 
-def depth_table(categories: list[str], stats: dict[tuple[str, int], "RankStats"], totals: dict[int, "RankStats"],
-                depths: int) -> str:
-    """Per category, each depth's teacher-forced top-1 / top-2 rates, and the chain tau of D = `depths`
-    from each: 1 + r1 + r1 r2 + ... (what a chain accepts, if its acceptance at depth k given depth k
-    reached were the teacher-forced rate there)."""
+def depth_table(per_depth: dict[str, list["RankStats"]]) -> str:
+    """Per row name (a category, or "all"), each depth's teacher-forced top-1 / top-2 rates (its
+    `RankStats` list, depth 1 first), and the chain tau of D = the list's length from each:
+    1 + r1 + r1 r2 + ... (what a chain accepts, if its acceptance at depth k given depth k reached
+    were the teacher-forced rate there)."""
+    depths = len(next(iter(per_depth.values())))
     rows = [f"\n| category | {' | '.join(f'depth {k}: top-1 / top-2' for k in range(1, depths + 1))} "
             f"| chain tau D={depths} from top-1 | ... from top-2 |",
             "|---|" + "---|" * (depths + 2)]
-    for name, get in [(c, lambda k, c=c: stats.get((c, k), RankStats())) for c in categories] + [("all", totals.__getitem__)]:
-        top1 = [get(k).in_top[1] / max(get(k).positions, 1) for k in range(1, depths + 1)]
-        top2 = [get(k).in_top[2] / max(get(k).positions, 1) for k in range(1, depths + 1)]
+    for name, stats in per_depth.items():
+        top1 = [s.in_top[1] / max(s.positions, 1) for s in stats]
+        top2 = [s.in_top[2] / max(s.positions, 1) for s in stats]
         cells = " | ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(top1, top2))
         rows.append(f"| {name} | {cells} | {tau_from_depths(top1):.2f} | {tau_from_depths(top2):.2f} |")
     return "\n".join(rows)

@@ -19,16 +19,15 @@ import argparse
 import json
 from pathlib import Path
 
+from specdec.train.ttt import estimated_accept_length
+
 
 def tau_from_depths(p: list[float]) -> float:
-    """1 + sum_k prod_{j<=k} p_j: expected tokens a step, with p_j the acceptance at depth j given depth j was reached."""
-    tau, reach = 1.0, 1.0
-    for x in p:
-        if not 0.0 <= x <= 1.0:
-            raise ValueError(f"acceptance {x} is out of range; allowed: [0, 1]")
-        reach *= x
-        tau += reach
-    return tau
+    """1 + sum_k prod_{j<=k} p_j: expected tokens a step, with p_j the acceptance at depth j given depth j was
+    reached (the training log's `estimated_accept_length` over every depth given, each checked to be in [0, 1])."""
+    if bad := [x for x in p if not 0.0 <= x <= 1.0]:
+        raise ValueError(f"acceptance {bad[0]} is out of range; allowed: [0, 1]")
+    return estimated_accept_length(p, depth=len(p))
 
 
 def lifted(p: list[float], lift: float, depths: int | None = None) -> list[float]:
