@@ -20,6 +20,8 @@
 # eighteenth session's train-u10) loses them, so `data` packs them to $OUT (data.tgz.NN) and, carried
 # back as /root/carried/e7data (scripts/carry_folder.sh e7data DIR), reuses them on a new machine.
 #   bash notes/gpu/issue21/e7/calls.sh mtp-e2e   # m5 (rows first) beside m6 (shipped), bf16, batch 1
+#   bash notes/gpu/issue21/e7/calls.sh eval-gpu NAME DIR  # an MTP head on the per-category set, float32, on the GPU
+#   bash notes/gpu/issue21/e7/calls.sh e2e-mtp BASE_DIR   # the shipped MTP head beside BASE_DIR, bf16, batch 1
 # Logs and packs go to $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)"
@@ -48,7 +50,9 @@ case "$1" in
   data)  # with the answered data carried (/root/carried/e7data: an earlier call's data.tgz.NN unpacked and
     # carried with scripts/carry_folder.sh e7data DIR, two calls) it is reused; else made and packed to $OUT
     [ -f /root/carried/e7data/data.pt ] && export DATA_FROM=/root/carried/e7data
-    PROMPTS_FROM="$carried/pm6" PROMPT_MINUTES=${PROMPT_MINUTES:-4} GEN_MINUTES=${GEN_MINUTES:-2.2} \
+    # m6's prompts from the carried c7 when it came along; else written again here (60k in ~170 s on an H100)
+    [ -d "$carried/pm6" ] && export PROMPTS_FROM="$carried/pm6"
+    PROMPT_MINUTES=${PROMPT_MINUTES:-4} GEN_MINUTES=${GEN_MINUTES:-2.2} \
       WORK="$data_work" scripts/train_smollm2_parts.sh data /root/e7_data "${FL[@]}" > "$OUT/e7_data.log" 2>&1
     echo "data rc=$?"; tail -20 "$OUT/e7_data.log"
     [ -n "${DATA_FROM:-}" ] || OUT=$OUT WORK="$data_work" scripts/train_smollm2_parts.sh pack-data /root/e7_data ;;
@@ -62,6 +66,16 @@ case "$1" in
   train-mt1)  # mt0's control (twentieth session on): the same init, data and schedule at teacher temperature 1, so that
     # mt1 - m6 is what more steps on this data do and mt0 - mt1 what the argmax target does
     HEAD=mtp train e7mt1 7 1.0 --init-head src/specdec/assets/heads/smollm2-mtp --mtp-loss-vocab draft ;;
+  eval-gpu)  # eval-gpu NAME HEAD_DIR: the per-category held-out set (16 prompts each, 128 greedy tokens, batch 16) in
+    # float32 on the GPU, every output checked against target-only's (twenty-first session on: the CPU takes ~24 minutes)
+    python -m specdec.train eval --target smollm2 --drafter mtp --head "$3" --eval-source categories --eval-prompts 16 \
+      --device cuda --dtype float32 --eval-batch-size 16 --eval-max-new-tokens 128 --json "$OUT/eval_$2_gpu.json" \
+      > "$OUT/eval_$2_gpu.log" 2>&1
+    echo "eval $2 rc=$?"; tail -22 "$OUT/eval_$2_gpu.log" ;;
+  e2e-mtp)  # e2e-mtp BASELINE_DIR: the shipped MTP head beside BASELINE_DIR (the head it replaced), bf16, batch 1
+    (cd examples && python bench_e2e.py --setups target-only hf-compiled mtp-chain-baseline mtp-tree-baseline mtp-chain \
+       mtp-tree --baseline-mtp "$2" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
+       --out "$OUT/e2e_mtp.jsonl" > "$OUT/e2e_mtp.log" 2>&1; echo "e2e rc=$?"; tail -25 "$OUT/e2e_mtp.log") ;;
   mtp-e2e)
     (cd examples && python bench_e2e.py --setups target-only mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
        --baseline-mtp "$carried/m5" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
