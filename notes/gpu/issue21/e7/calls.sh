@@ -73,8 +73,9 @@ case "$1" in
       > "$OUT/eval_$2_gpu.log" 2>&1
     echo "eval $2 rc=$?"; tail -22 "$OUT/eval_$2_gpu.log" ;;
   e2e-mtp)  # e2e-mtp BASELINE_DIR: the shipped MTP head beside BASELINE_DIR (the head it replaced), bf16, batch 1
+    base="$(cd "${2:?e2e-mtp BASELINE_DIR}" && pwd)"  # absolute: the bench runs in examples/
     (cd examples && python bench_e2e.py --setups target-only hf-compiled mtp-chain-baseline mtp-tree-baseline mtp-chain \
-       mtp-tree --baseline-mtp "$2" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
+       mtp-tree --baseline-mtp "$base" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
        --out "$OUT/e2e_mtp.jsonl" > "$OUT/e2e_mtp.log" 2>&1; echo "e2e rc=$?"; tail -25 "$OUT/e2e_mtp.log") ;;
   mtp-e2e)
     (cd examples && python bench_e2e.py --setups target-only mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
