@@ -112,6 +112,29 @@ def graph_timed(fn, iters: int, device) -> float | None:
         return None
 
 
+def bs1_cache(layers: int, kv_heads: int, head_dim: int, bound: int, max_context: int, nodes: int, device,
+              dtype) -> PagedKVCache:
+    """One request's paged cache (block size 16), long enough for `max_context` keys plus a tree of
+    `nodes` and for the static key `bound`, filled with random K/V: the batch-1 sweeps'
+    (`notes/gpu/issue20/*_sweep.py`)."""
+    seq = max(bound, max_context + nodes + 64)
+    cache = PagedKVCache(layers, kv_heads, head_dim, max_batch_size=1, max_seq_len=seq, block_size=16, device=device,
+                         dtype=dtype)
+    cache.reserve(0, seq)
+    cache.storage.normal_()
+    return cache
+
+
+def bs1_cases(cache: PagedKVCache, context: int, nodes: int, bound: int, gen: torch.Generator, device) -> dict:
+    """The batch-1 attention calls the sweeps time at `context` keys under the static key `bound`:
+    {"tree": (a random tree verify's batch, nodes), "decode": (a decode's batch, 1)}."""
+    cache_len = torch.full((1,), context, device=device)
+    return {"tree": (tree_batch(cache, cache_len, random_tree(1, nodes, 8, gen, device),
+                                torch.full((1,), nodes, device=device), max_kv_len=bound), nodes),
+            "decode": (decode_batch(cache, cache_len, torch.ones(1, dtype=torch.bool, device=device),
+                                    max_kv_len=bound), 1)}
+
+
 _CONFIG = re.compile(r"^(\d+)x(\d+)x(\d+)(?:c(\d+))?(m?)(u?)$")
 
 

@@ -8,11 +8,9 @@ import argparse
 
 import torch
 
-from bench_attention import LAYOUTS, graph_timed, random_tree
+from bench_attention import LAYOUTS, bs1_cache, bs1_cases, graph_timed
 from specdec.kernels import tree_attention
 from specdec.kernels.tree_attention import paged_attention
-from specdec.runtime.batch import decode_batch, tree_batch
-from specdec.runtime.kv_cache import PagedKVCache
 
 p = argparse.ArgumentParser()
 p.add_argument("--context", type=int, nargs="+", default=[1024, 4096])
@@ -25,20 +23,12 @@ args = p.parse_args()
 L, H, Hkv, hd = LAYOUTS[args.layout]
 dev = torch.device("cuda")
 gen = torch.Generator().manual_seed(0)
-seq = max(args.bound, max(args.context) + args.nodes + 64)
-cache = PagedKVCache(L, Hkv, hd, max_batch_size=1, max_seq_len=seq, block_size=16, device=dev, dtype=torch.bfloat16)
-cache.reserve(0, seq)
-cache.storage.normal_()
+cache = bs1_cache(L, Hkv, hd, args.bound, max(args.context), args.nodes, dev, torch.bfloat16)
 before = tree_attention._combine_rows
 print(f"{torch.cuda.get_device_name()} layout {args.layout} bf16 bs1; graph ms per forward over {L} layers")
 print(f"{'case':7} {'ctx':>5} {'splits':>6} " + " ".join(f"{'rows ' + str(r):>8}" for r in args.rows))
 for ctx in args.context:
-    cache_len = torch.full((1,), ctx, device=dev)
-    cases = {"tree": (tree_batch(cache, cache_len, random_tree(1, args.nodes, 8, gen, dev),
-                                 torch.full((1,), args.nodes, device=dev), max_kv_len=args.bound), args.nodes),
-             "decode": (decode_batch(cache, cache_len, torch.ones(1, dtype=torch.bool, device=dev),
-                                     max_kv_len=args.bound), 1)}
-    for name, (batch, T) in cases.items():
+    for name, (batch, T) in bs1_cases(cache, ctx, args.nodes, args.bound, gen, dev).items():
         q = torch.randn(1, T, H, hd, generator=gen).to(dev, torch.bfloat16)
         for sp in args.splits:
             cells = []

@@ -19,10 +19,8 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
-from bench_attention import LAYOUTS, graph_timed, random_tree
+from bench_attention import LAYOUTS, bs1_cache, bs1_cases, graph_timed
 from specdec.kernels import tree_attention
-from specdec.runtime.batch import decode_batch, tree_batch
-from specdec.runtime.kv_cache import PagedKVCache
 
 PART = "part = torch.empty((num_splits, B, T, H, hd), device=q.device, dtype=torch.float32)"
 ROWS = "ROWS=rows_per_program,\n"
@@ -65,22 +63,14 @@ for w in args.warps:
     variants[f"combine warps {w}"] = variant(f"w{w}", False, w)
     variants[f"bf16 partials, warps {w}"] = variant(f"bf16p_w{w}", True, w)
 gen = torch.Generator().manual_seed(0)
-seq = max(args.bound, max(args.context) + args.nodes + 64)
-cache = PagedKVCache(L, Hkv, hd, max_batch_size=1, max_seq_len=seq, block_size=16, device=dev, dtype=dtype)
-cache.reserve(0, seq)
-cache.storage.normal_()
+cache = bs1_cache(L, Hkv, hd, args.bound, max(args.context), args.nodes, dev, dtype)
 name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (interpreter: outputs only)"
 print(f"{name}, layout {args.layout} {str(dtype).removeprefix('torch.')} bs1; graph ms per forward over {L} layers;"
       f" max |out - today's|")
-print(f"| case | context | " + " | ".join(variants) + " |")
+print("| case | context | " + " | ".join(variants) + " |")
 print("|---|---|" + "---|" * len(variants))
 for ctx in args.context:
-    cache_len = torch.full((1,), ctx, device=dev)
-    cases = {"tree": (tree_batch(cache, cache_len, random_tree(1, args.nodes, 8, gen, dev),
-                                 torch.full((1,), args.nodes, device=dev), max_kv_len=args.bound), args.nodes),
-             "decode": (decode_batch(cache, cache_len, torch.ones(1, dtype=torch.bool, device=dev),
-                                     max_kv_len=args.bound), 1)}
-    for case, (batch, T) in cases.items():
+    for case, (batch, T) in bs1_cases(cache, ctx, args.nodes, args.bound, gen, dev).items():
         q = torch.randn(1, T, H, hd, generator=gen).to(dev, dtype)
         kw = dict(scale=hd**-0.5, num_splits=args.splits)
         ref = tree_attention.paged_attention(q, cache, 0, batch, **kw).float()
