@@ -8,8 +8,8 @@
 # `carry` [".carry/base_ALIAS"]), then copies the new head's weights and config over the shipped
 # ones: config.json, model.safetensors, draft_vocab.safetensors (when the new head has one; a head
 # without one loses the shipped one). The folder's TRAINING.md and evaluations stay until they are
-# rewritten for the new head. Refuses a head of another kind than the shipped one (config.json's
-# "specdec_mtp" / "draft_vocab_size").
+# rewritten for the new head. Refuses a head of another kind than the shipped one (`head_kind`, as
+# the CLI reads a head folder's config.json).
 set -euo pipefail
 usage="usage: scripts/install_head.sh FILES_AT NAME ALIAS"
 files="${1:?$usage}"; name="${2:?$usage}"; alias="${3:?$usage}"
@@ -24,9 +24,10 @@ cat "$files/$name".tgz.* | tar -xzf - -C "$keep"
 new="$keep/$name"
 [ -f "$new/config.json" ] && [ -f "$new/model.safetensors" ] || {
   echo "install_head: $new holds no config.json and model.safetensors" >&2; exit 1; }
-kind() { python3 -c 'import json, sys
-cfg = json.load(open(sys.argv[1]))
-print("mtp" if "specdec_mtp" in cfg else "eagle3" if "draft_vocab_size" in cfg else "unknown")' "$1/config.json"; }
+kind() {  # the drafter a head folder is for, as the CLI reads it (no torch import)
+  PYTHONPATH="$root/src:${PYTHONPATH:-}" python3 -c 'import sys, pathlib
+from specdec.entrypoints.cli import head_kind
+print(head_kind(pathlib.Path(sys.argv[1])))' "$1"; }
 [ "$(kind "$new")" = "$(kind "$shipped")" ] || {
   echo "install_head: $name is a head of kind $(kind "$new"), $alias of kind $(kind "$shipped")" >&2; exit 1; }
 rm -rf "${base:?}" && mkdir -p "$base" && cp -r "$shipped" "$base/$alias"

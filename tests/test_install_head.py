@@ -48,7 +48,9 @@ def _pack(tmp_path: Path, name: str, config: dict, files: dict[str, bytes]) -> P
 
 
 def _install(tree: Path, tmp_path: Path, files_at: Path, name: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KEEP": str(tmp_path / "keep")}
+    # the throwaway tree has no specdec package: the script reads the head kinds with the checkout's
+    env = {**os.environ, "KEEP": str(tmp_path / "keep"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(["bash", "scripts/install_head.sh", str(files_at), name, ALIAS], cwd=tree, env=env,
                           capture_output=True, text=True)
 
