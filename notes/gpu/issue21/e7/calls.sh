@@ -46,6 +46,15 @@ train() {  # RUN TTT_STEPS [TEACHER_TEMPERATURE [FLAGS...]]: the schedule in its
   echo "$run train rc=$?"; tail -c 1500 "$OUT/${run}_train.log"
   OUT=$OUT scripts/train_smollm2_parts.sh pack "/root/$run"
 }
+bench_mtp() {  # BASELINE_DIR TAG [SETUPS...]: bench_e2e at batch 1 (20 held-out prompts): target-only, SETUPS, and the
+  # MTP chain and tree with the shipped head and with BASELINE_DIR's; $OUT/TAG.jsonl and .log
+  local base tag=$2
+  base="$(cd "$1" && pwd)"  # absolute: the bench runs in examples/
+  shift 2
+  (cd examples && python bench_e2e.py --setups target-only "$@" mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
+     --baseline-mtp "$base" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 --out "$OUT/$tag.jsonl" \
+     > "$OUT/$tag.log" 2>&1; echo "e2e rc=$?"; tail -30 "$OUT/$tag.log")
+}
 case "$1" in
   data)  # with the answered data carried (/root/carried/e7data: an earlier call's data.tgz.NN unpacked and
     # carried with scripts/carry_folder.sh e7data DIR, two calls) it is reused; else made and packed to $OUT
@@ -73,13 +82,7 @@ case "$1" in
       > "$OUT/eval_$2_gpu.log" 2>&1
     echo "eval $2 rc=$?"; tail -22 "$OUT/eval_$2_gpu.log" ;;
   e2e-mtp)  # e2e-mtp BASELINE_DIR: the shipped MTP head beside BASELINE_DIR (the head it replaced), bf16, batch 1
-    base="$(cd "${2:?e2e-mtp BASELINE_DIR}" && pwd)"  # absolute: the bench runs in examples/
-    (cd examples && python bench_e2e.py --setups target-only hf-compiled mtp-chain-baseline mtp-tree-baseline mtp-chain \
-       mtp-tree --baseline-mtp "$base" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
-       --out "$OUT/e2e_mtp.jsonl" > "$OUT/e2e_mtp.log" 2>&1; echo "e2e rc=$?"; tail -25 "$OUT/e2e_mtp.log") ;;
-  mtp-e2e)
-    (cd examples && python bench_e2e.py --setups target-only mtp-chain-baseline mtp-tree-baseline mtp-chain mtp-tree \
-       --baseline-mtp "$carried/m5" --batch-sizes 1 --num-prompts 20 --kernel-steps 0 \
-       --out "$OUT/e2e_m5_m6.jsonl" 2>&1 | tee "$OUT/e2e_m5_m6.log" | tail -30) ;;
+    bench_mtp "${2:?e2e-mtp BASELINE_DIR}" e2e_mtp hf-compiled ;;
+  mtp-e2e) bench_mtp "$carried/m5" e2e_m5_m6 ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
