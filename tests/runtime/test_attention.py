@@ -10,6 +10,7 @@ draft tree grown one depth per forward) are checked on all three paths, and the 
 kernel's result is checked not to depend on `max_kv_len` (one CUDA graph for all lengths).
 """
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -74,15 +75,17 @@ def sdpa_rows(q, k, v, visible, scale):
 def tree_cases(draw, head_dims=(4, 8, 12, 16), max_committed=50, max_window=24):
     batch = draw(st.integers(1, 3))
     num_slots = draw(st.integers(1, 40))
-    parents, num_nodes, committed = [], [], []
+    parents, num_nodes, committed, freed = [], [], [], []
     for _ in range(batch):
         n = draw(st.integers(0, num_slots))  # 0 = inactive slot
         par = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
         parents.append(par)
         num_nodes.append(n)
         committed.append(draw(st.integers(0, max_committed)))
+        # an inactive slot may be a finished request's: its blocks freed, its committed length stale
+        freed.append(n == 0 and draw(st.booleans()))
     return dict(
-        batch=batch, num_slots=num_slots, parents=parents, num_nodes=num_nodes, committed=committed,
+        batch=batch, num_slots=num_slots, parents=parents, num_nodes=num_nodes, committed=committed, freed=freed,
         block_size=draw(st.sampled_from([1, 2, 3, 4, 16])), kv_heads=draw(st.integers(1, 2)),
         group=draw(st.sampled_from([1, 2, 3, 4])), head_dim=draw(st.sampled_from(head_dims)),
         window=draw(st.one_of(st.none(), st.integers(1, max_window))), splits=draw(st.integers(1, 3)),
@@ -104,8 +107,29 @@ def build_tree_step(case):
     batch = tree_batch(cache, cache_len, meta, torch.tensor(case["num_nodes"], device=DEVICE))
     k, v = torch.randn(2, B, N, hkv, hd, generator=gen).to(DEVICE)
     cache.write(0, k, v, batch.write_index)
+    for slot, freed in enumerate(case.get("freed", ())):
+        if freed:
+            cache.free(slot)  # its block-table row is -1 now; cache_len keeps the old length
     q = torch.randn(B, N, H, hd, generator=gen).to(DEVICE)
     return cache, batch, q
+
+
+@contextlib.contextmanager
+def interpreter_asserts():
+    """`tl.device_assert` on inside the block when the kernels are interpreted (the interpreter
+    builds with debug off and has no switch for it); compiled kernels on the GPU keep theirs off."""
+    if not tree_attention._INTERPRET:
+        yield
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    saved = builder.options
+    builder.options = dataclasses.replace(saved, debug=True)
+    try:
+        yield
+    finally:
+        builder.options = saved
 
 
 def kernel_against_reference(case, min_split_keys=None, block_n=None):
@@ -124,7 +148,7 @@ def kernel_against_reference(case, min_split_keys=None, block_n=None):
                 "BLOCK_N_C": min(128, base["BLOCK_N"] * case["committed_tile"])}
 
     with mock.patch.object(tree_attention, "_combine_rows", lambda: case["combine_rows"]), \
-            mock.patch.object(tree_attention, "_fixed_config", config):
+            mock.patch.object(tree_attention, "_fixed_config", config), interpreter_asserts():
         out = paged_attention(q, cache, 0, batch, scale=scale, sliding_window=case["window"],
                               num_splits=case["splits"], autotune=False, min_split_keys=min_split_keys,
                               block_n=block_n)
@@ -136,6 +160,12 @@ def kernel_against_reference(case, min_split_keys=None, block_n=None):
 # has, and 150 still took 257 s beside the part's other 7 workers (85a42e3)
 @ci_examples(25, gpu=80)
 @given(tree_cases(), st.sampled_from([None, 1, 16, 40, 128]), st.sampled_from([None, 16, 32, 64]))
+@example(  # twenty-second session, H100: a finished request's slot (blocks freed, committed length kept) beside
+    # a live tree; its maskless committed tiles read rows before the cache (compute-sanitizer: an illegal address)
+    case={"batch": 2, "num_slots": 5, "parents": [[-1, 0, 0, 1], [-1]], "num_nodes": [4, 0], "committed": [20, 45],
+          "freed": [False, True], "block_size": 4, "kv_heads": 1, "group": 2, "head_dim": 8, "window": None,
+          "splits": 2, "combine_rows": 1, "committed_first": True, "committed_tile": 1, "maskless": True, "seed": 0},
+    min_split_keys=None, block_n=None)
 def test_tree_attention_kernel_equals_dense_reference_on_random_trees(case, min_split_keys, block_n):
     """... at any split count, any fewest keys per split (None: the kernel's choice; 40: not a
     multiple of the 16-key tile), any key tile on the GPU (the interpreter runs 16) and any

@@ -21,7 +21,8 @@ count: the tile's keys [lo, end) (end = cache_len + new keys, fewer for a causal
 NUM_SPLITS) keys (at least min_split_keys: `choose_min_split_keys`) rounded up to the key tiles
 (BLOCK_N for the new keys, BLOCK_N_C for committed ones); split s scans [lo + s*L, lo + (s+1)*L) ∩ [lo, end).
 Splits past the real length scan nothing and write an empty partial (lse = -inf), which
-the combine kernel gives weight 0.
+the combine kernel gives weight 0. A row with no query rows (q_len 0: an idle slot) scans
+nothing: a finished request's slot keeps its committed length while its blocks are freed.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ if HAS_TRITON:
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         if MASKLESS:
             blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE)
+            # the caller's promise; checked where asserts are on (the tests' interpreter): an unallocated
+            # block (-1) gives negative rows, read before the cache (an illegal address on the GPU)
+            tl.device_assert(blk >= 0, "maskless tile over an unallocated KV block")
             key_ok = pos >= 0  # all True: start >= 0
         else:
             in_range = (pos < hi) & (pos < MAX_POS)  # past the block table: unallocated, never read
@@ -244,8 +248,10 @@ if HAS_TRITON:
         if INTERPRET:  # the interpreter's 16-bit tl.dot is wrong (numpy has no bfloat16): dot in fp32
             q = q.to(tl.float32)
 
-        # the tile's keys [first, end), from this row's real lengths (not from max_kv_len)
-        end = cache_len + n_new
+        # the tile's keys [first, end), from this row's real lengths (not from max_kv_len); a row with
+        # no query rows (an idle slot) reads nothing: its committed length may be stale and its blocks
+        # freed (a finished request's slot: its maskless committed tiles read before the cache)
+        end = tl.where(q_len > 0, cache_len + n_new, 0)
         t_last = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, T - 1)
         if not IS_TREE:  # causal: keys past the tile's last row are invisible to all its rows
             end = tl.minimum(end, cache_len + t_last + 1)
