@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import pathlib
 import sys
+import tempfile
 
 import torch
 
@@ -37,11 +38,14 @@ def variant(name: str, bf16_partials: bool, combine_warps: int | None):
         src = src.replace(PART, PART.replace("dtype=torch.float32", "dtype=q.dtype"))
     if combine_warps is not None:
         src = src.replace(ROWS, f"ROWS=rows_per_program, num_warps={combine_warps},\n")
-    spec = importlib.util.spec_from_loader(f"tree_attention_{name}", loader=None)
+    # a real file: Triton's JIT reads a kernel's source from it (an exec'd string stopped the 22nd session's
+    # call on the GPU; the interpreter never asks); named under specdec.kernels so `from .launch` resolves
+    path = pathlib.Path(tempfile.mkdtemp(prefix="partial_sweep_")) / f"tree_attention_{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"specdec.kernels.tree_attention_{name}", path)
     module = importlib.util.module_from_spec(spec)
-    module.__file__, module.__package__ = tree_attention.__file__, "specdec.kernels"
     sys.modules[spec.name] = module
-    exec(compile(src, f"<tree_attention {name}>", "exec"), module.__dict__)
+    spec.loader.exec_module(module)
     return module.paged_attention
 
 
