@@ -87,18 +87,20 @@ if HAS_TRITON:
     def _load_tile(
         start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, MAX_POS,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OFFS32: tl.constexpr, UPCAST: tl.constexpr,
-        MASKLESS: tl.constexpr,
+        MASKLESS: tl.constexpr, CHECK: tl.constexpr,
     ):
         """K and V of the key tile [start, start + BLOCK_N) ∩ [.., hi), read through the block
         table; keys out of range (or unallocated) load as 0 and come back with key_ok False.
         MASKLESS: the caller guarantees a whole tile of committed (allocated) keys below hi, so
-        nothing but the head-dim padding is masked and key_ok is all True."""
+        nothing but the head-dim padding is masked and key_ok is all True. CHECK (the interpreter
+        only): assert that promise (`tl.device_assert`, live where the build has debug on: the
+        tests switch it on; on the GPU it is not compiled in at all, since torch.compile builds
+        its kernels with debug on and the check would sit in the hot loop)."""
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         if MASKLESS:
             blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE)
-            # the caller's promise; checked where asserts are on (the tests' interpreter): an unallocated
-            # block (-1) gives negative rows, read before the cache (an illegal address on the GPU)
-            tl.device_assert(blk >= 0, "maskless tile over an unallocated KV block")
+            if CHECK:  # an unallocated block (-1) gives negative rows: reads before the cache
+                tl.device_assert(blk >= 0, "maskless tile over an unallocated KV block")
             key_ok = pos >= 0  # all True: start >= 0
         else:
             in_range = (pos < hi) & (pos < MAX_POS)  # past the block table: unallocated, never read
@@ -191,7 +193,7 @@ if HAS_TRITON:
             start = lo
             while start < hi:
                 k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET, MASKLESS)
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET, MASKLESS, INTERPRET)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
                     pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS, MASKLESS,
@@ -200,7 +202,7 @@ if HAS_TRITON:
         else:
             for start in range(lo, hi, BLOCK_N):
                 k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False, MASKLESS)
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False, MASKLESS, False)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
                     pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS, MASKLESS,
