@@ -10,7 +10,6 @@ draft tree grown one depth per forward) are checked on all three paths, and the 
 kernel's result is checked not to depend on `max_kv_len` (one CUDA graph for all lengths).
 """
 
-import contextlib
 import dataclasses
 import math
 import random
@@ -28,6 +27,7 @@ from specdec.runtime.attention import AttentionBatch, attention, query_positions
 from specdec.runtime.batch import decode_batch, prefill_batch, tree_batch
 from specdec.runtime.kv_cache import PagedKVCache
 from specdec.types import TreeMeta
+from _kernel_asserts import interpreter_asserts
 from tree_cases import ci_examples
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -112,24 +112,6 @@ def build_tree_step(case):
             cache.free(slot)  # its block-table row is -1 now; cache_len keeps the old length
     q = torch.randn(B, N, H, hd, generator=gen).to(DEVICE)
     return cache, batch, q
-
-
-@contextlib.contextmanager
-def interpreter_asserts():
-    """`tl.device_assert` on inside the block when the kernels are interpreted (the interpreter
-    builds with debug off and has no switch for it); compiled kernels on the GPU keep theirs off."""
-    if not tree_attention._INTERPRET:
-        yield
-        return
-    from triton.runtime import interpreter
-
-    builder = interpreter.interpreter_builder
-    saved = builder.options
-    builder.options = dataclasses.replace(saved, debug=True)
-    try:
-        yield
-    finally:
-        builder.options = saved
 
 
 def kernel_against_reference(case, min_split_keys=None, block_n=None):
