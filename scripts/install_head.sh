@@ -28,8 +28,9 @@ kind() {  # the drafter a head folder is for, as the CLI reads it (no torch impo
   PYTHONPATH="$root/src:${PYTHONPATH:-}" python3 -c 'import sys, pathlib
 from specdec.entrypoints.cli import head_kind
 print(head_kind(pathlib.Path(sys.argv[1])))' "$1"; }
-[ "$(kind "$new")" = "$(kind "$shipped")" ] || {
-  echo "install_head: $name is a head of kind $(kind "$new"), $alias of kind $(kind "$shipped")" >&2; exit 1; }
+new_kind=$(kind "$new"); shipped_kind=$(kind "$shipped")
+[ "$new_kind" = "$shipped_kind" ] || {
+  echo "install_head: $name is a head of kind $new_kind, $alias of kind $shipped_kind" >&2; exit 1; }
 rm -rf "${base:?}" && mkdir -p "$base" && cp -r "$shipped" "$base/$alias"
 for f in config.json model.safetensors draft_vocab.safetensors; do
   if [ -f "$new/$f" ]; then cp "$new/$f" "$shipped/$f"; else rm -f "$shipped/$f"; fi

@@ -86,20 +86,21 @@ if HAS_TRITON:
     @triton.jit
     def _load_tile(
         start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt, MAX_POS,
-        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OFFS32: tl.constexpr, UPCAST: tl.constexpr,
-        MASKLESS: tl.constexpr, CHECK: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OFFS32: tl.constexpr, INTERPRET: tl.constexpr,
+        MASKLESS: tl.constexpr,
     ):
         """K and V of the key tile [start, start + BLOCK_N) ∩ [.., hi), read through the block
         table; keys out of range (or unallocated) load as 0 and come back with key_ok False.
         MASKLESS: the caller guarantees a whole tile of committed (allocated) keys below hi, so
-        nothing but the head-dim padding is masked and key_ok is all True. CHECK (the interpreter
-        only): assert that promise (`tl.device_assert`, live where the build has debug on: the
-        tests switch it on; on the GPU it is not compiled in at all, since torch.compile builds
-        its kernels with debug on and the check would sit in the hot loop)."""
+        nothing but the head-dim padding is masked and key_ok is all True. INTERPRET: K/V come back
+        in float32 (the interpreter's 16-bit dot is wrong), and the maskless promise is asserted
+        (`tl.device_assert`, live where the build has debug on: the tests switch it on; on the GPU
+        it is not compiled in at all, since torch.compile builds its kernels with debug on and the
+        check would sit in the hot loop)."""
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         if MASKLESS:
             blk = tl.load(bt_ptr + slot * sbt + pos // BLOCK_SIZE)
-            if CHECK:  # an unallocated block (-1) gives negative rows: reads before the cache
+            if INTERPRET:  # an unallocated block (-1) gives negative rows: reads before the cache
                 tl.device_assert(blk >= 0, "maskless tile over an unallocated KV block")
             key_ok = pos >= 0  # all True: start >= 0
         else:
@@ -116,7 +117,7 @@ if HAS_TRITON:
             kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, HD_PAD]
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
+        if INTERPRET:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         return k, v, key_ok
@@ -193,7 +194,7 @@ if HAS_TRITON:
             start = lo
             while start < hi:
                 k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET, MASKLESS, INTERPRET)
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, INTERPRET, MASKLESS)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
                     pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS, MASKLESS,
@@ -202,7 +203,7 @@ if HAS_TRITON:
         else:
             for start in range(lo, hi, BLOCK_N):
                 k, v, key_ok = _load_tile(start, hi, slot, hkv, d, d_ok, k_ptr, v_ptr, skv_tok, skv_h, bt_ptr, sbt,
-                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False, MASKLESS, False)
+                                          MAX_POS, BLOCK_SIZE, BLOCK_N, OFFS32, False, MASKLESS)
                 m_i, l_i, acc = _attend_tile(
                     start, k, v, key_ok, q, m_i, l_i, acc, t, row_ok, cache_len, b, qpos, mask_ptr, sm_b, sm_t,
                     pos_ptr, sp_b, scale, window, BLOCK_N, IS_TREE, HAS_WINDOW, PRECISION, NEW_KEYS, MASKLESS,
