@@ -21,6 +21,7 @@
 # back as /root/carried/e7data (scripts/carry_folder.sh e7data DIR), reuses them on a new machine.
 #   bash notes/gpu/issue21/e7/calls.sh mtp-e2e   # m5 (rows first) beside m6 (shipped), bf16, batch 1
 #   bash notes/gpu/issue21/e7/calls.sh eval-gpu NAME DIR  # an MTP head on the per-category set, float32, on the GPU
+#   DRAFTER=eagle3 bash notes/gpu/issue21/e7/calls.sh eval-gpu NAME DIR   # the same for an EAGLE-3 head
 #   bash notes/gpu/issue21/e7/calls.sh e2e-mtp BASE_DIR   # the shipped MTP head beside BASE_DIR, bf16, batch 1
 # Logs and packs go to $OUT.
 set -uo pipefail
@@ -77,7 +78,7 @@ case "$1" in
     HEAD=mtp train e7mt1 7 1.0 --init-head src/specdec/assets/heads/smollm2-mtp --mtp-loss-vocab draft ;;
   eval-gpu)  # eval-gpu NAME HEAD_DIR: the per-category held-out set (16 prompts each, 128 greedy tokens, batch 16) in
     # float32 on the GPU, every output checked against target-only's (twenty-first session on: the CPU takes ~24 minutes)
-    python -m specdec.train eval --target smollm2 --drafter mtp --head "$3" --eval-source categories --eval-prompts 16 \
+    python -m specdec.train eval --target smollm2 --drafter "${DRAFTER:-mtp}" --head "$3" --eval-source categories --eval-prompts 16 \
       --device cuda --dtype float32 --eval-batch-size 16 --eval-max-new-tokens 128 --json "$OUT/eval_$2_gpu.json" \
       > "$OUT/eval_$2_gpu.log" 2>&1
     echo "eval $2 rc=$?"; tail -22 "$OUT/eval_$2_gpu.log" ;;
