@@ -79,12 +79,15 @@ rm -f "$out/tests_gpu.jsonl"  # every test call's outcome, written as it ends (s
 # below, so pytest ends with its summary before the 330 s limit (at 0c679cb every test had
 # passed when the limit's SIGINT cut pytest-xdist's teardown, and the summary was lost).
 part "CUDA tests (pytest -m gpu, 8 workers)" 330 tests_gpu.log \
-  env SPECDEC_TEST_REPORT="$out/tests_gpu.jsonl" SPECDEC_TEST_DEADLINE=$(( $(date +%s) + 290 )) python -m pytest -q -p no:cacheprovider -m gpu -n 8 "${sched[@]}" --durations=15 --log-level=WARNING -o faulthandler_timeout=90 tests/
+  env SPECDEC_TEST_REPORT="$out/tests_gpu.jsonl" SPECDEC_TEST_DEADLINE=$(( $(date +%s) + 290 )) python -m pytest -q -p no:cacheprovider -m gpu -n 8 "${sched[@]}" --durations=15 --log-level=WARNING -o faulthandler_timeout=240 tests/
 # (--log-level: a failing test's captured log held thousands of torch DEBUG lines at f3f176c)
-# (faulthandler_timeout: a test still running after 90 s dumps every thread's stack into the log
-# ("Timeout (0:01:30)!" and the test's file and line), so a hang names its test and where it
-# waits; at a9368ad one test stopped reporting for ~130 s and the log could not say which. The
-# two tests that legitimately run longer, six decoders and a chunked prefill, dump once each.)
+# (A hang is named by tests_gpu.jsonl: every test writes a `start` row as it begins, and CHECK.md
+# lists the tests that started and never ended; at a9368ad one test stopped reporting for ~130 s and
+# the log could not say which. faulthandler_timeout dumps every thread's stack of a test still
+# running after 240 s: no test legitimately runs that long (six decoders, the longest, 174 s on a
+# loaded host). It was 90 s, and at 28705f9 the dump itself killed the six-decoders worker at
+# 90.2 s: CPython's all-thread dump races with threads that start and end (Inductor's compile
+# threads), python/cpython#131580, #116008; notes/gpu/issue20/combine_warps1/README.md.)
 wait
 late=$(grep -c 'session deadline' "$out/tests_gpu.jsonl" 2>/dev/null)
 if [ "${late:-0}" -gt 0 ]; then  # not run is not passed
@@ -124,6 +127,7 @@ fi
   done
   echo
   python -c 'import collections, json, sys; c = collections.Counter(json.loads(l)["outcome"] for l in open(sys.argv[1]) if json.loads(l)["when"] == "call"); print("CUDA test calls reported as they ended (tests_gpu.jsonl):", dict(c))' "$out/tests_gpu.jsonl" 2>/dev/null || true
+  python -c 'import json, sys; sys.path.insert(0, sys.argv[2]); from _timebox import unfinished; u = unfinished([json.loads(l) for l in open(sys.argv[1])]); print("Tests that started and never ended (hung or cut off):", ", ".join(u) if u else "none")' "$out/tests_gpu.jsonl" "$(dirname "$0")/../tests" 2>/dev/null || true
   echo
   echo "Failed tests (if any):"
   grep -E "^(FAILED|ERROR) " "$out/tests_gpu.log" | head -30 || true

@@ -5,7 +5,10 @@ SPECDEC_TEST_DEADLINE (Unix seconds): tests that would start after it are skippe
 being interrupted (SIGINT under xdist crashed the controller, INTERNALERROR, and lost which
 tests had failed). SPECDEC_TEST_REPORT (a path): one JSON line per test phase that did not
 pass quietly, plus every call's duration, appended as each test finishes (under xdist by the
-controller, which receives every worker's reports: one writer, whole lines).
+controller, which receives every worker's reports: one writer, whole lines); and a `start` row
+as each test begins, so a test that started and never ended (hung, or its worker died) is named
+without dumping thread stacks (pytest's faulthandler_timeout dump killed a GPU check's worker:
+CPython's all-thread dump races with threads starting and ending, python/cpython#131580, #116008).
 SPECDEC_TEST_ORDER (a path, `tests/gpu_durations.json`): collected tests are run longest first
 by the durations recorded there (unknown tests after, in collection order), so under
 `pytest -n 8 --dist loadgroup` (scripts/gpu_sched.sh) the slowest properties start at once on separate workers
@@ -65,6 +68,20 @@ def pytest_runtest_call(item):
     start = _cpu_seconds()
     yield
     item.user_properties.append(("cpu_seconds", round(_cpu_seconds() - start, 2)))
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    path = os.environ.get("SPECDEC_TEST_REPORT")
+    if not path or _IN_WORKER:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps(dict(nodeid=nodeid, when="start", outcome="started", end=round(time.time(), 2))) + "\n")
+
+
+def unfinished(rows: list[dict]) -> list[str]:
+    """Tests of a report that started and reported no end (hung, cut off, or their worker died)."""
+    ended = {r["nodeid"] for r in rows if r["when"] != "start"}
+    return sorted({r["nodeid"] for r in rows if r["when"] == "start"} - ended)
 
 
 def pytest_runtest_logreport(report) -> None:

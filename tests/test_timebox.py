@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from _timebox import unfinished
+
 TESTS = Path(__file__).resolve().parent
 
 SAMPLE = '''
@@ -39,6 +41,9 @@ def _run(tmp_path: Path, deadline: float | None) -> tuple[list[dict], str]:
 def test_failures_and_durations_reach_the_report_as_tests_finish(tmp_path):
     rows, stdout = _run(tmp_path, deadline=None)
     assert "1 failed, 1 passed" in stdout
+    starts = [r for r in rows if r["when"] == "start"]
+    assert [r["nodeid"].split("::")[1] for r in starts] == ["test_passes", "test_fails"]
+    rows = [r for r in rows if r["when"] != "start"]
     by_test = {r["nodeid"].split("::")[1]: r for r in rows}
     assert by_test["test_passes"]["outcome"] == "passed" and by_test["test_passes"]["when"] == "call"
     assert by_test["test_fails"]["outcome"] == "failed" and "planted failure" in by_test["test_fails"]["error"]
@@ -49,7 +54,40 @@ def test_failures_and_durations_reach_the_report_as_tests_finish(tmp_path):
 def test_tests_after_the_deadline_are_skipped_with_the_reason_the_script_counts(tmp_path):
     rows, stdout = _run(tmp_path, deadline=time.time() - 1)
     assert "2 skipped" in stdout
+    rows = [r for r in rows if r["when"] != "start"]
     assert len(rows) == 2 and all(r["outcome"] == "skipped" and "session deadline" in r["reason"] for r in rows)
+
+
+HANGS = '''
+import os, time
+
+def test_ends():
+    pass
+
+def test_hangs():
+    time.sleep(60)
+'''
+
+
+def test_a_test_that_never_ends_is_named_by_its_start_row(tmp_path):
+    """What gpu_check.sh lists instead of dumping every thread's stack: a test that started and
+    reported no end (here the run is killed inside it, as a hang cut off by the time limit is)."""
+    (tmp_path / "test_hang.py").write_text(HANGS)
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["_timebox"]\n')
+    report = tmp_path / "report.jsonl"
+    env = {**os.environ, "SPECDEC_TEST_REPORT": str(report), "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("SPECDEC_TEST_DEADLINE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_hang.py"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and "test_hangs" not in (report.read_text() if report.exists() else ""):
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    rows = [json.loads(line) for line in report.read_text().splitlines()]
+    assert unfinished(rows) == ["test_hang.py::test_hangs"]
 
 
 ORDERED = '''
