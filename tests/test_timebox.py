@@ -24,16 +24,24 @@ def test_fails():
 '''
 
 
-def _run(tmp_path: Path, deadline: float | None) -> tuple[list[dict], str]:
-    (tmp_path / "test_sample.py").write_text(SAMPLE)
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+
+
+def _reporting_env(tmp_path: Path) -> tuple[dict, Path]:
+    """A pytest run in tmp_path with the _timebox plugin, writing its report; no deadline."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["_timebox"]\n')
     report = tmp_path / "report.jsonl"
     env = {**os.environ, "SPECDEC_TEST_REPORT": str(report), "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.pop("SPECDEC_TEST_DEADLINE", None)
+    return env, report
+
+
+def _run(tmp_path: Path, deadline: float | None) -> tuple[list[dict], str]:
+    (tmp_path / "test_sample.py").write_text(SAMPLE)
+    env, report = _reporting_env(tmp_path)
     if deadline is not None:
         env["SPECDEC_TEST_DEADLINE"] = str(deadline)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(tmp_path)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*PYTEST, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     rows = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
     return rows, out.stdout
 
@@ -59,7 +67,7 @@ def test_tests_after_the_deadline_are_skipped_with_the_reason_the_script_counts(
 
 
 HANGS = '''
-import os, time
+import time
 
 def test_ends():
     pass
@@ -73,12 +81,9 @@ def test_a_test_that_never_ends_is_named_by_its_start_row(tmp_path):
     """What gpu_check.sh lists instead of dumping every thread's stack: a test that started and
     reported no end (here the run is killed inside it, as a hang cut off by the time limit is)."""
     (tmp_path / "test_hang.py").write_text(HANGS)
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["_timebox"]\n')
-    report = tmp_path / "report.jsonl"
-    env = {**os.environ, "SPECDEC_TEST_REPORT": str(report), "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("SPECDEC_TEST_DEADLINE", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_hang.py"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env, report = _reporting_env(tmp_path)
+    proc = subprocess.Popen([*PYTEST, "test_hang.py"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
         while time.time() < deadline and "test_hangs" not in (report.read_text() if report.exists() else ""):
@@ -116,8 +121,7 @@ def _run_ordered(tmp_path: Path, seconds: dict[str, float] | None, xdist: list[s
         order = tmp_path / "durations.json"
         order.write_text(json.dumps({"seconds": {f"test_ordered.py::test_{k}": v for k, v in seconds.items()}}))
         env["SPECDEC_TEST_ORDER"] = str(order)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *xdist,
-                          "test_ordered.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*PYTEST, *xdist, "test_ordered.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert "8 passed" in out.stdout, out.stdout + out.stderr
     return [tuple(line.split()) for line in log.read_text().splitlines()]
 
