@@ -24,7 +24,7 @@ from bench_attention import LAYOUTS, bs1_cache, bs1_cases, graph_timed
 from specdec.kernels import tree_attention
 
 PART = "part = torch.empty((num_splits, B, T, H, hd), device=q.device, dtype=torch.float32)"
-ROWS = "ROWS=rows_per_program,\n"
+ROWS = "ROWS=rows_per_program, num_warps=1,\n"
 OP = '@triton_op("specdec::paged_attention"'
 
 

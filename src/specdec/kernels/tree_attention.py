@@ -66,7 +66,9 @@ def _combine_rows() -> int:
     """Output rows per split-KV combine program. GPU: 1, the most programs (a bs-1 decode
     combines only B*T*H = 32 rows; 16 rows per program ran 2 programs that each walked 32
     splits one load after another, ~10 us per layer on the H200). Interpreter: 16, fewer
-    programs for numpy to run."""
+    programs for numpy to run. Each program runs one warp: its tile is only SPLITS_PAD x HD_PAD
+    (8 x 128 at the 8B tree), and 4 warps mostly idled (H100, bf16, batch 1, 32 layers: the 8B tree
+    at 1k 0.678 -> 0.531 ms a forward, decode 0.277 -> 0.260; notes/gpu/issue20/partial_sweep.py)."""
     return 16 if _INTERPRET else 1
 
 
@@ -420,7 +422,7 @@ if HAS_TRITON:
             wrap_triton(_combine_kernel)[(triton.cdiv(B * T * H, rows_per_program),)](
                 part, part.stride(0), lse, lse.stride(0), out, B * T * H,
                 HD=hd, HD_PAD=hd_pad, NUM_SPLITS=num_splits, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-                ROWS=rows_per_program,
+                ROWS=rows_per_program, num_warps=1,
             )
         return out
 
