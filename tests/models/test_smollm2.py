@@ -103,8 +103,8 @@ DYNAMIC = dict(tree="dynamic", topk=8, max_draft_len=6, max_total_draft_tokens=4
 @pytest.mark.parametrize(
     "drafter, head, prompt_set, shape, steps_measured",
     [
-        ("eagle3", "smollm2-eagle3", "heldout", LINEAR, 34),  # tau 3.71 (the e5 head of 2026-12-06; e4 and e3: 38)
-        ("eagle3", "smollm2-eagle3", "heldout", DYNAMIC, 25),  # tau 5.04 (e5; e4: 24, tau 5.25; e3: 26, tau 4.85)
+        ("eagle3", "smollm2-eagle3", "heldout", LINEAR, 36),  # tau 3.50 (the e8 head of 2026-12-07; e5: 34, tau 3.71; e4 and e3: 38)
+        ("eagle3", "smollm2-eagle3", "heldout", DYNAMIC, 22),  # tau 5.73 (e8; e5: 25, tau 5.04; e4: 24, tau 5.25; e3: 26, tau 4.85)
         ("mtp", "smollm2-mtp", "heldout", LINEAR, 43),  # tau 2.93 (m7, 2026-12-07; m6: 45, 2.80; m5: 50; source-only: 61)
         ("mtp", "smollm2-mtp", "heldout", DYNAMIC, 28),  # tau 4.50 (m7; m6: 26, 4.85; m5: 29, 4.34; source-only: 38)
         ("ngram", None, "edit", dict(tree="linear", max_draft_len=8), 44),  # tau 2.86
