@@ -63,6 +63,7 @@ from specdec.models import RopeConfig  # noqa: E402
 from specdec import SamplingParams, SpecConfig  # noqa: E402
 from specdec.entrypoints.decoder import SpecDecoder  # noqa: E402
 from specdec.models import fused  # noqa: E402
+from specdec.testing.kit import references_on_cpu  # noqa: E402
 
 SETUPS = {
     "target-only": SpecConfig(drafter="none"),
@@ -180,16 +181,12 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
                                       dtype=torch.float32)
     engine = dec.engine
     pieces = fused.Pieces(fused._FUNCTIONS, compiled=False)  # the counting pieces
-    target.model.attn_impl = "triton"
-    # RoPE fused into the K/V write, as on CUDA ("auto" keeps it off the interpreter); attention's key
-    # splits (and so its split-KV combine kernel) chosen for the H200's SMs
-    engine.runner.cache.fuses_rope = lambda impl="auto": impl not in ("ref", "torch")
+    # attention's key splits (and so its split-KV combine kernel) chosen for the H200's SMs
     engine.runner.cache.num_sms = H200_SMS
     engine._kv_len_bound = lambda b: config.cache.max_seq_len  # a captured step's key bound, not the eager one's
     modules = list(target.model.modules())
     drafter = engine.strategies.drafter if key != "target-only" else None
     if drafter is not None:
-        drafter.attn_impl = drafter.rope_impl = "triton"
         drafter.cache.num_sms = H200_SMS
         modules += list(drafter.model.modules())
         counter.wrap(drafter, "propose", "draft")
@@ -217,14 +214,31 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
             engine.defer_depth = None
     budget = 0 if key.endswith("-bare") else None  # a request that drafts nothing: the bare step
     engine.submit(list(range(1, 40)), SamplingParams(max_new_tokens=20, ignore_eos=True, num_draft_tokens=budget))
-    for _ in range(3):  # prefill, then steps: the counted one is a steady-state step
-        engine.run_iteration()
+    with references_on_cpu("cpu"):  # prefill, then steps up to a steady state, on the kernels' PyTorch references
+        kernel_impls(engine, target, drafter, "auto")  # (interpreted, the Triton kernels took ~3/4 of a count's time)
+        for _ in range(3):
+            engine.run_iteration()
+    kernel_impls(engine, target, drafter, "triton")  # the counted step runs the Triton kernels, one launch each
     counter.counts.clear()
     if counter.records is not None:
         counter.records.clear()  # the counted step's piece calls only
     with counter:
         engine.step()
     return dict(counter.counts)
+
+
+def kernel_impls(engine, target, drafter, impl: str) -> None:
+    """The attention (target and head) and RoPE on `impl`: "triton" as the CUDA step runs them, RoPE
+    fused into the K/V write ("auto" keeps that kernel off the interpreter), or "auto" (with
+    `references_on_cpu`: the PyTorch references)."""
+    cache = engine.runner.cache
+    if impl == "triton":
+        cache.fuses_rope = lambda impl="auto": impl not in ("ref", "torch")
+    else:
+        cache.__dict__.pop("fuses_rope", None)  # the class's own: off the interpreter
+    target.model.attn_impl = impl
+    if drafter is not None:
+        drafter.attn_impl = drafter.rope_impl = impl
 
 
 def piece_kernels(records: list, combo: bool = False, options: tuple[str, ...] = ()) -> list[dict]:

@@ -11,6 +11,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from specdec.drafters.dynamic_tree import eagle2_tree, group_sizes, history_size, sampled_tree, stable_topk
+from specdec.testing.kit import references_on_cpu
 from specdec.testing.oracles import PathTable, naive_dynamic
 
 ROWS = 61
@@ -156,10 +157,11 @@ def test_sampled_trees_with_speculative_verification_emit_the_target_distributio
         return step(tokens, parent_slot)
 
     root_logq = draft.table[torch.zeros(B, dtype=torch.int64)]
-    grown = sampled_tree(
-        root_logq, same_root_step, sizes=(3, 2),
-        sample=lambda p, c: torch.multinomial(p, c, replacement=True, generator=gen),
-    )
+    with references_on_cpu("cpu"):  # 40k rows: the ranking's PyTorch body (test_ranked_call compares the kernel)
+        grown = sampled_tree(
+            root_logq, same_root_step, sizes=(3, 2),
+            sample=lambda p, c: torch.multinomial(p, c, replacement=True, generator=gen),
+        )
     S = grown.tokens.shape[1]
     parents = torch.cat([torch.full((B, 1), -1), grown.parents], 1)  # [B, N]
     tokens = torch.cat([torch.zeros(B, 1, dtype=torch.int64), grown.tokens], 1)

@@ -248,7 +248,8 @@ def test_sampled_groups_are_iid_draws_of_the_draft_distribution():
     policy = policy_for(SAMPLING_VERIFIER, tree="sampled", topk=3, max_draft_len=2, max_total_draft_tokens=5)
     table = PathTable(6, seed=3, scale=1.0)
     n = 20_000
-    grown, _ = grow(policy, table, n, roots=torch.zeros(n, dtype=torch.int64))
+    with references_on_cpu("cpu"):  # 20k rows: the ranking's PyTorch body (test_ranked_call compares the kernel)
+        grown, _ = grow(policy, table, n, roots=torch.zeros(n, dtype=torch.int64))
     group = grown.tokens[:, :3]  # [n, 3] the root's group
     law = table.logq(torch.tensor(0)).exp()
     for j in range(3):
