@@ -2,7 +2,8 @@
 for; this keeps the scripts from rotting between GPU sessions): bench_cycle with two compile
 modes side by side, bench_attention with two Triton launch configs side by side, bench_batch with its prefill split,
 bench_e2e with a tree shape of the command line beside target-only.
-`--quick` runs on the CPU (Triton interpreted) wherever it is, so on a CUDA machine (the GPU
+`--quick` runs on the CPU (Triton interpreted, except bench_batch's transformers run: the
+references) wherever it is, so on a CUDA machine (the GPU
 property suite's tools part) these only repeat CI's runs, slower beside the GPU workers
 (bench_cycle's alone took 217 s there): they run where there is no CUDA device."""
 
@@ -19,8 +20,11 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="--quick smoke runs are CPU runs: CI runs them")
 
 
-def _run(*args: str) -> str:
-    env = dict(os.environ, TRITON_INTERPRET="1")
+def _run(*args: str, interpret: bool = True) -> str:
+    """Run an example script; `interpret=False` keeps the Triton kernels off the interpreter (the
+    ops' PyTorch references run: a script's table, not its kernels, is under test; bench_batch's
+    transformers run went 91 -> 20 s)."""
+    env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0")
     run = subprocess.run([sys.executable, *args], cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return run.stdout
@@ -100,7 +104,8 @@ def test_bench_batch_times_transformers_beside_target_only(tmp_path):
     over it, per batch size. The 8B stand-in has no checkpoint: no row there, said so."""
     out = tmp_path / "rows.jsonl"
     text = _run("bench_batch.py", "--quick", "--targets", "smollm2", "8b-none", "--batch-sizes", "2", "--new-tokens", "4",
-                "--repeats", "1", "--setups", "target-only", "fixed", "adaptive", "transformers", "--out", str(out))
+                "--repeats", "1", "--setups", "target-only", "fixed", "adaptive", "transformers", "--out", str(out),
+                interpret=False)
     rows = [r for r in map(json.loads, out.read_text().splitlines()) if r.get("kind_row") == "row"]
     hf = [r for r in rows if r["kind"] == "transformers"]
     assert [(r["target"], r["batch"]) for r in hf] == [("smollm2", 2)]
