@@ -14,6 +14,7 @@
 #   bash notes/gpu/issue21/e7/calls.sh train-u7  # 7-step unroll (the control), then the head packed
 #   bash notes/gpu/issue21/e7/calls.sh train-t05 # 7-step unroll, teacher temperature 0.5
 #   bash notes/gpu/issue21/e7/calls.sh train-t0  # 7-step unroll, the target's argmax alone as the target
+#   bash notes/gpu/issue21/e7/calls.sh train-u10t0  # from e8 (shipped; = e7t0): 10-step unroll at temperature 0
 #   bash notes/gpu/issue21/e7/calls.sh train-mt0 # the MTP head m6, the same data, the argmax alone as the target
 #   bash notes/gpu/issue21/e7/calls.sh train-mt1 # its control: the same at teacher temperature 1
 # The trains need the data stage's files on the machine: a machine taken back (it happened to the
@@ -70,6 +71,8 @@ case "$1" in
   train-u7) train e7u7 7 ;;
   train-t05) train e7t05 7 0.5 ;;
   train-t0) train e7t0 7 0 ;;
+  train-u10t0) train e7u10t0 10 0 ;;  # twenty-fourth session on: the 10-step unroll from the shipped head (e8 =
+    # e7t0) at its temperature 0, so that e7u10t0 - e8 is what the unroll does
   train-mt0)  # the shipped MTP head m6 on the same data, the argmax alone as its target (m6, trained at T = 1 on
     # 74k answers of the same mix and seed, is its approximate control; MTP ~2.4 steps/s: ~260 s)
     HEAD=mtp train e7mt0 7 0 --init-head src/specdec/assets/heads/smollm2-mtp --mtp-loss-vocab draft ;;
