@@ -125,6 +125,20 @@ def bs1_cache(layers: int, kv_heads: int, head_dim: int, bound: int, max_context
     return cache
 
 
+SWEEP_LAYOUTS = dict(LAYOUTS, tiny=(2, 8, 2, 64))  # tiny: the sweeps' output check in the interpreter
+
+
+def bs1_parser(description: str) -> argparse.ArgumentParser:
+    """The batch-1 sweeps' shared options (`notes/gpu/issue20/*_sweep.py`): contexts, layout (of
+    `SWEEP_LAYOUTS`), tree nodes and the static key bound (the engine's 4224 by default)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--context", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--layout", default="8b", choices=sorted(SWEEP_LAYOUTS))
+    parser.add_argument("--nodes", type=int, default=61)
+    parser.add_argument("--bound", type=int, default=4224)
+    return parser
+
+
 def bs1_cases(cache: PagedKVCache, context: int, nodes: int, bound: int, gen: torch.Generator, device) -> dict:
     """The batch-1 attention calls the sweeps time at `context` keys under the static key `bound`:
     {"tree": (a random tree verify's batch, nodes), "decode": (a decode's batch, 1)}."""

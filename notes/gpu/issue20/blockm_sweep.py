@@ -9,29 +9,23 @@ Times all layers of one forward (CUDA graph, bf16, batch 1, the engine's 4224-ke
 the largest output difference from today's.
     python notes/gpu/issue20/blockm_sweep.py --context 1024 4096
 On the CPU (TRITON_INTERPRET=1) it checks the variants' outputs only (--layout tiny)."""
-import argparse
 import pathlib
 import sys
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
-from bench_attention import LAYOUTS, bs1_cache, bs1_cases, graph_timed, launch_config  # noqa: E402
+from bench_attention import SWEEP_LAYOUTS, bs1_cache, bs1_cases, bs1_parser, graph_timed, launch_config  # noqa: E402
 from specdec.kernels import tree_attention  # noqa: E402
 
-LAYOUTS = dict(LAYOUTS, tiny=(2, 8, 2, 64))
-p = argparse.ArgumentParser()
-p.add_argument("--context", type=int, nargs="+", default=[1024, 4096])
-p.add_argument("--layout", default="8b", choices=sorted(LAYOUTS))
-p.add_argument("--nodes", type=int, default=61)
-p.add_argument("--bound", type=int, default=4224)
+p = bs1_parser(__doc__)
 p.add_argument("--block-m", type=int, nargs="+", default=[32, 64, 128])
 p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
 p.add_argument("--splits", type=int, nargs="+", default=[0, 2, 4, 6, 8, 12, 16], help="0: the kernel's choice")
 p.add_argument("--min-keys", type=int, nargs="+", default=[0, 128], help="0: the kernel's choice")
 p.add_argument("--iters", type=int, default=30)
 args = p.parse_args()
-L, H, Hkv, hd = LAYOUTS[args.layout]
+L, H, Hkv, hd = SWEEP_LAYOUTS[args.layout]
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
 gen = torch.Generator().manual_seed(0)

@@ -11,7 +11,6 @@ Times all layers of one forward (CUDA graph, bf16, batch 1, the engine's 4224-ke
 tree (N=61) and decode at each context, and the largest output difference from today's.
     python notes/gpu/issue20/partial_sweep.py --context 1024 4096
 On the CPU (TRITON_INTERPRET=1) it checks the variants' outputs only (--layout tiny)."""
-import argparse
 import importlib.util
 import pathlib
 import sys
@@ -20,7 +19,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
-from bench_attention import LAYOUTS, bs1_cache, bs1_cases, graph_timed
+from bench_attention import SWEEP_LAYOUTS, bs1_cache, bs1_cases, bs1_parser, graph_timed
 from specdec.kernels import tree_attention
 
 PART = "part = torch.empty((num_splits, B, T, H, hd), device=q.device, dtype=torch.float32)"
@@ -49,17 +48,12 @@ def variant(name: str, bf16_partials: bool, combine_warps: int | None):
     return module.paged_attention
 
 
-LAYOUTS = dict(LAYOUTS, tiny=(2, 8, 2, 64))
-p = argparse.ArgumentParser()
-p.add_argument("--context", type=int, nargs="+", default=[1024, 4096])
-p.add_argument("--layout", default="8b", choices=sorted(LAYOUTS))
-p.add_argument("--nodes", type=int, default=61)
-p.add_argument("--bound", type=int, default=4224)
+p = bs1_parser(__doc__)
 p.add_argument("--warps", type=int, nargs="+", default=[1, 2])
 p.add_argument("--splits", type=int, default=None, help="key splits (default: the engine's choice)")
 p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="default: bfloat16 on CUDA, else float32")
 args = p.parse_args()
-L, H, Hkv, hd = LAYOUTS[args.layout]
+L, H, Hkv, hd = SWEEP_LAYOUTS[args.layout]
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 dtype = getattr(torch, args.dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
 variants = {"today": tree_attention.paged_attention, "bf16 partials": variant("bf16p", True, None)}
