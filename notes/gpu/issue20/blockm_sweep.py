@@ -38,6 +38,9 @@ rows_per_head = args.nodes * (H // Hkv)
 print(f"query-head rows per KV head: {rows_per_head}; today's BLOCK_M {own_block_m(rows_per_head)}, "
       f"splits {tree_attention.choose_num_splits(1, Hkv, rows_per_head, args.bound, cache.num_sms)}, "
       f"min keys {tree_attention.choose_min_split_keys(rows_per_head, hd)}", flush=True)
+# today's key tiles for this tree (BLOCK_N, committed tile, maskless), as `paged_attention` picks them
+tile = (tree_attention.choose_block_n(rows_per_head, hd, True, args.bound),
+        *tree_attention.choose_committed_tile(rows_per_head, hd, True))
 for ctx in args.context:
     batch, T = bs1_cases(cache, ctx, args.nodes, args.bound, gen, dev)["tree"]
     q = torch.randn(1, T, H, hd, generator=gen).to(dev, dtype)
@@ -45,7 +48,7 @@ for ctx in args.context:
     results = []
     for bm in args.block_m:
         for warps in args.warps:
-            cfg = dict(tree_attention._fixed_config(16, 64, True), num_warps=warps)
+            cfg = dict(tree_attention._fixed_config(*tile), num_warps=warps)
             cfg.setdefault("num_stages", 2)
             for sp in args.splits:
                 for mk in args.min_keys:
