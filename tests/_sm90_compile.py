@@ -12,7 +12,7 @@ names the sm_90 target and every launch stops after compiling.
 
 Run in a process WITHOUT TRITON_INTERPRET (the tests do that), one family per argument:
 
-    python tests/_sm90_compile.py verify tree kv attention
+    python tests/_sm90_compile.py verify tree kv attention linear
 
 Prints one `ok FAMILY CASE` line per launch and `compiled:FAMILY` when a family is done;
 the first compile error ends the run with its message and the case that raised it.
@@ -82,7 +82,7 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 JITFunction.run = _compile_only
 
-from specdec.kernels import kv_relocate, kv_write, ranked_call, rope_kv_write, tree_attention, tree_build  # noqa: E402
+from specdec.kernels import kv_relocate, kv_write, ranked_call, rope_kv_write, small_linear, tree_attention, tree_build  # noqa: E402
 from specdec.kernels import top_logprobs, verify_greedy, verify_speculative, verify_target_only  # noqa: E402
 from specdec.ops.top_logprobs import chunk_count  # noqa: E402
 
@@ -232,7 +232,18 @@ def attention() -> None:
             print(f"ok attention variant {block_n}c{block_n_c}{'m' if maskless else ''} H={H}/{hkv} hd={hd} T={T}")
 
 
-FAMILIES = {"verify": verify, "tree": tree, "kv": kv, "attention": attention}
+def linear() -> None:
+    """The few-row projections at the shipped models' shapes (SmolLM2's qkv and down, its EAGLE-3
+    head's fc, a vocabulary head of 2^31+ weight elements' row offsets) and an odd one, 1 to 8 rows."""
+    for (N, K), dtype in (((960, 576), torch.bfloat16), ((576, 1536), torch.bfloat16), ((576, 1728), torch.float32),
+                          ((49152, 576), torch.bfloat16), ((7, 3), torch.float16)):
+        for M in (1, 3, 8):
+            bias = torch.empty(N, dtype=dtype) if M == 3 else None
+            small_linear.small_linear_triton(torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype), bias)
+            print(f"ok small linear M={M} N={N} K={K} {dtype} bias={bias is not None}")
+
+
+FAMILIES = {"verify": verify, "tree": tree, "kv": kv, "attention": attention, "linear": linear}
 
 if __name__ == "__main__":
     for family in sys.argv[1:] or sorted(FAMILIES):

@@ -163,7 +163,8 @@ def test_flat_names_go_to_their_parts():
                                "topk", "max_total_draft_tokens", "max_batch_size", "max_seq_len", "kv_block_size",
                                "num_kv_blocks", "prefill_chunk_size", "prefill_tokens_per_step", "kv_lookahead_steps", "adaptive",
                                    "overlap",
-                               "compile", "cuda_graphs", "graph_batch_sizes", "threads", "combo_kernels"}
+                               "compile", "cuda_graphs", "graph_batch_sizes", "threads", "combo_kernels",
+                               "small_linear"}
 
 
 def test_unknown_names_and_a_part_set_twice_are_errors():

@@ -147,10 +147,15 @@ class ExecutionConfig:
     # (a draft depth's input piece: 6 GPU kernels -> 1; `examples/count_launches.py --kernels --combo`).
     # Off until timed on the GPU; CPU code has no combo kernels.
     combo_kernels: bool = False
+    # The projections of at most 8 rows (batch-1 decode, short chains, draft depths) through the Triton
+    # few-row kernel (`kernels.small_linear`, every SM on one GEMV) instead of cuBLAS; CUDA only (the CPU
+    # keeps F.linear). Off until timed on the GPU (`examples/bench_small_linear.py`).
+    small_linear: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.combo_kernels, bool):
-            raise ConfigError(f"combo_kernels={self.combo_kernels!r} is not allowed; allowed: True, False")
+        for name in ("combo_kernels", "small_linear"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not allowed; allowed: True, False")
         for name, words in (("compile", ("auto", "step")), ("cuda_graphs", ("auto",))):
             value = getattr(self, name)
             if not (isinstance(value, bool) or (isinstance(value, str) and value in words)):

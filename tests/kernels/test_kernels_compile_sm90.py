@@ -29,7 +29,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "_sm90_compile.py"  # the helper 
 
 
 @pytest.mark.skipif(not HAS_PTXAS, reason="this Triton build has no NVIDIA backend (ptxas) to compile with")
-@pytest.mark.parametrize("family", ["verify", "tree", "kv", "attention"])
+@pytest.mark.parametrize("family", ["verify", "tree", "kv", "attention", "linear"])
 def test_kernels_compile_for_sm90_at_every_launch_shape(family, tmp_path):
     # A subprocess: under TRITON_INTERPRET=1 (set by conftest on CPU) `triton.jit` yields
     # interpreter objects that cannot be compiled. A fresh cache: compile, do not reuse.

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from specdec.models import fused
+from specdec.models.linear import Linear
 from specdec.models.llama import RMSNorm
 
 __all__ = ["DraftAttention", "SwiGLU", "fuse_linear_names", "take_rows"]
@@ -68,8 +69,8 @@ class DraftAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         q, kv = num_heads * head_dim, num_kv_heads * head_dim
-        self.qkv_proj = nn.Linear(in_features, q + 2 * kv, bias=qkv_bias)  # rows [q; k; v]
-        self.o_proj = nn.Linear(q, hidden_size, bias=o_bias)
+        self.qkv_proj = Linear(in_features, q + 2 * kv, bias=qkv_bias)  # rows [q; k; v]
+        self.o_proj = Linear(q, hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
         fuse_linear_names(self, "qkv_proj", [("q_proj", q), ("k_proj", kv), ("v_proj", kv)])
@@ -100,8 +101,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)  # rows [gate; up]
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)  # rows [gate; up]
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
         fuse_linear_names(self, "gate_up_proj", [("gate_proj", intermediate_size), ("up_proj", intermediate_size)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

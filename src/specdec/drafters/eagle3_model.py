@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from specdec.models.config import RopeConfig
+from specdec.models.linear import Linear
 from specdec.models.llama import RMSNorm
 from specdec.models.rope import Rotary
 
@@ -158,7 +159,7 @@ class Eagle3Model(nn.Module):
         super().__init__()
         cfg = self.config = config
         d = cfg.hidden_size
-        self.fc = nn.Linear(cfg.fc_in_features, d, bias=cfg.fc_bias)
+        self.fc = Linear(cfg.fc_in_features, d, bias=cfg.fc_bias)
         self.fc_norm = (
             nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_capture))
             if cfg.fc_norm
@@ -168,7 +169,7 @@ class Eagle3Model(nn.Module):
         self.midlayer = Eagle3Layer(cfg)
         self.later_layers = nn.ModuleList(DraftDecoderLayer(cfg) for _ in range(cfg.num_layers - 1))
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(d, cfg.draft_vocab_size, bias=False)
+        self.lm_head = Linear(d, cfg.draft_vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d) if cfg.has_embed_tokens else None
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))  # [Vd]
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))  # [V]

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from specdec.models.config import RopeConfig
+from specdec.models.linear import Linear
 from specdec.models.llama import RMSNorm
 from specdec.models.rope import Rotary
 
@@ -107,7 +108,7 @@ class MTPModel(nn.Module):
         d = cfg.hidden_size
         self.token_layernorm = RMSNorm(d, cfg.rms_norm_eps)  # enorm: embedding path
         self.hidden_layernorm = RMSNorm(d, cfg.rms_norm_eps)  # hnorm: target-state path
-        self.input_proj = nn.Linear(2 * d, d, bias=False)  # eh_proj
+        self.input_proj = Linear(2 * d, d, bias=False)  # eh_proj
         self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.self_attn = DraftAttention(d, d, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                         qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=cfg.qk_norm,
@@ -115,7 +116,7 @@ class MTPModel(nn.Module):
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.mlp = SwiGLU(d, cfg.intermediate_size)
         self.final_layernorm = RMSNorm(d, cfg.rms_norm_eps) if cfg.has_final_norm else None
-        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False) if cfg.has_lm_head else None
+        self.lm_head = Linear(d, cfg.vocab_size, bias=False) if cfg.has_lm_head else None
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
 
     # ------------------------------------------------------------------ pieces

@@ -119,6 +119,7 @@ class SpecDecoder:
         from ..distributed import SINGLE, check_spmd
         from ..compile_scope import inductor_options
         from ..models.fused import EAGER, compiled, use_compiled
+        from ..models.linear import use_small_linear
         from ..runtime.runner import ModelRunner
 
         self.target = target
@@ -153,6 +154,8 @@ class SpecDecoder:
                 use_compiled(module, pieces=pieces)
             if caps.use_compiled is not None:
                 caps.use_compiled(self.compiled)
+            for module in (target.model, *caps.modules):  # CPU tensors keep F.linear (the interpreter aside)
+                use_small_linear(module, config.execution.small_linear)
             gen = torch.Generator().manual_seed(seed)
             self.engine = SpecEngine(
                 config, runner, self.strategies, device=device, generator=gen, cuda_graphs=self.cuda_graphs,

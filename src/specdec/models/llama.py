@@ -28,6 +28,7 @@ from ..runtime.attention import AttentionBatch, attention
 from ..runtime.kv_cache import PagedKVCache
 from . import fused
 from .capture import CaptureBuffer, LayerTap
+from .linear import Linear
 from .config import ModelConfig
 from .parallel import RowParallelLinear, ShardLayout, VocabParallelEmbedding, VocabParallelHead
 from .rope import Rotary
@@ -73,9 +74,9 @@ class Attention(nn.Module):
         self.sliding_window = cfg.sliding_windows[layer]
         self.scale = cfg.head_dim**-0.5
         q, kv = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q + 2 * kv, bias=cfg.qkv_bias)  # column-parallel: local rows
+        self.qkv_proj = Linear(cfg.hidden_size, q + 2 * kv, bias=cfg.qkv_bias)  # column-parallel: local rows
         if tp.size == 1:
-            self.o_proj = nn.Linear(q, cfg.hidden_size, bias=cfg.o_bias)
+            self.o_proj = Linear(q, cfg.hidden_size, bias=cfg.o_bias)
         else:
             self.o_proj = RowParallelLinear(q, cfg.hidden_size, cfg.o_bias, tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -102,9 +103,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, shard: ShardLayout, tp: TPGroup = SINGLE):
         super().__init__()
         self.ffn = f = shard.intermediate_size  # this rank's ffn rows of gate and of up
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * f, bias=cfg.mlp_bias)  # column-parallel: [gate; up]
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * f, bias=cfg.mlp_bias)  # column-parallel: [gate; up]
         if tp.size == 1:
-            self.down_proj = nn.Linear(f, cfg.hidden_size, bias=cfg.mlp_bias)
+            self.down_proj = Linear(f, cfg.hidden_size, bias=cfg.mlp_bias)
         else:
             self.down_proj = RowParallelLinear(f, cfg.hidden_size, cfg.mlp_bias, tp)
 
@@ -161,7 +162,7 @@ class DecoderLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i, shard, tp) for i in range(config.num_layers))
         self.norm = RMSNorm(d, config.rms_norm_eps)
         if tp.size == 1:
-            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+            self.lm_head = Linear(d, config.vocab_size, bias=False)
         else:
             self.lm_head = VocabParallelHead(shard, d, tp)  # gathers: every rank gets [.., V]
         self.rotary = Rotary(config.rope, config.head_dim)
