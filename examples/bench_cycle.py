@@ -33,6 +33,7 @@ bandwidth measured in the same run (a large `copy_`, read + write bytes, median 
     python examples/bench_cycle.py --quick              # CPU smoke run: tiny shape, contexts 32 64, 8 steps
     python examples/bench_cycle.py --compile auto step  # pieces vs the whole step as one compiled graph
     python examples/bench_cycle.py --compile auto combo # the pieces with Inductor's combo kernels too
+    python examples/bench_cycle.py --compile auto gemv  # and with the few-row projections' Triton kernel
 
 With several `--compile` values every setup runs under each, side by side in one run, and R
 is taken against the first value's target-only step.
@@ -84,10 +85,11 @@ def parse_args():
     p.add_argument("--steps", type=int, default=None, help="steps timed per context (default 64; quick 8)")
     p.add_argument("--skip", type=int, default=None, help="first step intervals dropped (default 4; quick 2)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024 MiB; quick 64)")
-    p.add_argument("--compile", choices=["auto", "on", "off", "step", "combo"], nargs="+", default=["auto"],
+    p.add_argument("--compile", choices=["auto", "on", "off", "step", "combo", "gemv"], nargs="+", default=["auto"],
                    help="SpecConfig.compile; several values time every setup under each, side by side, R against "
                         "the first value's target-only (step: the whole step as one torch.compile graph per bucket; "
-                        "combo: the pieces with combo_kernels=True)")
+                        "combo: the pieces with combo_kernels=True; gemv: with small_linear=True, the few-row "
+                        "projections through the Triton kernel)")
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="SpecConfig.cuda_graphs")
     p.add_argument("--decoder-per-context", action="store_true",
                    help="build (and warm up) a decoder per context, sized to it (default: one per setup)")
@@ -98,7 +100,7 @@ def parse_args():
 
 
 def knob(value: str):
-    return {"auto": "auto", "on": True, "off": False, "step": "step", "combo": "auto"}[value]
+    return {"auto": "auto", "on": True, "off": False, "step": "step", "combo": "auto", "gemv": "auto"}[value]
 
 
 def copy_bandwidth(device: torch.device, mib: int, iters: int = 10) -> float:
@@ -166,7 +168,8 @@ def build_decoder(key, name, base: SpecConfig, target, head, longest: int, steps
     N = base.shape.num_tree_slots
     max_seq_len = -(-(longest + steps + 1 + N * (1 + base.schedule.kv_lookahead_steps)) // 128) * 128
     config = base.replace(max_batch_size=1, max_seq_len=max_seq_len, compile=knob(compile_mode),
-                          cuda_graphs=knob(args.cuda_graphs), combo_kernels=compile_mode == "combo")
+                          cuda_graphs=knob(args.cuda_graphs), combo_kernels=compile_mode == "combo",
+                          small_linear=compile_mode == "gemv")
     t0 = time.perf_counter()
     draft = head if key != "target-only" else None
     dec = SpecDecoder.from_pretrained(target, draft, config, device=device, dtype=dtype)

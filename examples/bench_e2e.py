@@ -64,7 +64,8 @@ its UTF-8 bytes modulo the vocabulary.
     python examples/bench_e2e.py --quick                          # CPU smoke run, tiny random models
 
 Setups (`--setups`): target-only eagle3-chain eagle3-tree mtp-chain ngram-chain hf-eager
-hf-compiled hf-prompt-lookup; by name only: mtp-tree (D=6 K=8 N=48), the *-combo rows and, with
+hf-compiled hf-prompt-lookup; by name only: mtp-tree (D=6 K=8 N=48), the *-combo rows, the *-gemv rows
+(`small_linear=True`: `examples/bench_small_linear.py`) and, with
 `--baseline-eagle3` / `--baseline-mtp FOLDER`, the *-baseline rows of another head.
 """
 
@@ -125,11 +126,17 @@ for _key in ("target-only", "eagle3-chain", "eagle3-tree"):
     _setup = SPEC_SETUPS[_key]
     SPEC_SETUPS[f"{_key}-combo"] = SpecSetup(f"{_setup.name}, combo kernels", _setup.config.replace(combo_kernels=True),
                                              _setup.head)
+# and with the few-row projections through the Triton kernel (`ExecutionConfig.small_linear`)
+for _key in ("target-only", "eagle3-chain", "eagle3-tree", "mtp-chain"):
+    _setup = SPEC_SETUPS[_key]
+    SPEC_SETUPS[f"{_key}-gemv"] = SpecSetup(f"{_setup.name}, small-linear kernel",
+                                            _setup.config.replace(small_linear=True), _setup.head)
 HF_SETUPS = ("hf-eager", "hf-compiled", "hf-prompt-lookup")
 # Run order: the two baselines every speedup is measured against come first, so a run cut at
 # its time limit has them; the table lists specdec rows, then transformers rows.
 RUN_ORDER = ("target-only", "hf-compiled", "eagle3-chain", "eagle3-tree", "eagle3-chain-baseline",
-             "eagle3-tree-baseline", "target-only-combo", "eagle3-chain-combo", "eagle3-tree-combo", "mtp-chain",
+             "eagle3-tree-baseline", "target-only-combo", "eagle3-chain-combo", "eagle3-tree-combo", "target-only-gemv",
+             "eagle3-chain-gemv", "eagle3-tree-gemv", "mtp-chain-gemv", "mtp-chain",
              "mtp-chain-baseline", "mtp-tree", "mtp-tree-baseline", "ngram-chain", "hf-eager", "hf-prompt-lookup")
 PROMPT_LOOKUP_TOKENS = 10
 
@@ -194,7 +201,7 @@ def parse_args():
     args = p.parse_args()
     folders = {drafter: getattr(args, f"baseline_{drafter}") for drafter in BASELINE_SETUPS}
     if args.setups is None:
-        args.setups = [k for k in RUN_ORDER if not k.endswith("-combo")  # combo rows and mtp trees: by name
+        args.setups = [k for k in RUN_ORDER if not k.endswith(("-combo", "-gemv"))  # combo rows and mtp trees: by name
                        and not k.startswith("mtp-tree") and not any(k in keys and folders[d] is None
                                                                     for d, keys in BASELINE_SETUPS.items())]
     for drafter, keys in BASELINE_SETUPS.items():

@@ -1,6 +1,7 @@
 """The benchmarks' CPU smoke runs finish and print their tables (the GPU runs are what they are
 for; this keeps the scripts from rotting between GPU sessions): bench_cycle with two compile
-modes side by side, bench_attention with two Triton launch configs side by side, bench_batch with its prefill split,
+modes side by side, bench_attention with two Triton launch configs side by side, bench_small_linear with cuBLAS beside
+two kernel configs, bench_batch with its prefill split,
 bench_e2e with a tree shape of the command line beside target-only.
 `--quick` runs on the CPU (Triton interpreted, except bench_batch's transformers run: the
 references) wherever it is, so on a CUDA machine (the GPU
@@ -46,6 +47,16 @@ def test_bench_attention_times_each_triton_config():
     for case in ("decode", "tree", "prefill"):
         labels = {line.split()[2] for line in out.splitlines() if line.startswith(case)}
         assert {"triton[16x4x1]", "triton[16x4x1c32m]"} <= labels, (case, labels)
+
+
+def test_bench_small_linear_times_cublas_beside_each_kernel_config():
+    out = _run("bench_small_linear.py", "--quick", "--configs", "8x64x2", "--iters", "1")
+    rows = [line.split("|") for line in out.splitlines() if line.startswith(("| qkv |", "| down |", "| head |"))]
+    assert [(r[1].strip(), r[3].strip()) for r in rows] == [(p, m) for p in ("qkv", "down", "head") for m in ("1", "3")]
+    for r in rows:  # cuBLAS, the chosen config and 8x64x2, each within float32 reach of cuBLAS's output
+        diffs = [float(cell.split("d ")[1].strip().rstrip(")")) for cell in r[6:8]]
+        assert len(diffs) == 2 and max(diffs) < 1e-5, r
+    assert "| 1 |" in out and "| 3 |" in out  # the per-forward sums
 
 
 def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tmp_path):
