@@ -215,10 +215,10 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     budget = 0 if key.endswith("-bare") else None  # a request that drafts nothing: the bare step
     engine.submit(list(range(1, 40)), SamplingParams(max_new_tokens=20, ignore_eos=True, num_draft_tokens=budget))
     with references_on_cpu("cpu"):  # prefill, then steps up to a steady state, on the kernels' PyTorch references
-        kernel_impls(engine, target, drafter, "auto")  # (interpreted, the Triton kernels took ~3/4 of a count's time)
+        kernel_impls(target, drafter, "auto")  # (interpreted, the Triton kernels took ~3/4 of a count's time)
         for _ in range(3):
             engine.run_iteration()
-    kernel_impls(engine, target, drafter, "triton")  # the counted step runs the Triton kernels, one launch each
+    kernel_impls(target, drafter, "triton")  # the counted step runs the Triton kernels, one launch each
     counter.counts.clear()
     if counter.records is not None:
         counter.records.clear()  # the counted step's piece calls only
@@ -227,16 +227,11 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     return dict(counter.counts)
 
 
-def kernel_impls(engine, target, drafter, impl: str) -> None:
+def kernel_impls(target, drafter, impl: str) -> None:
     """The attention (target and head) and RoPE on `impl`: "triton" as the CUDA step runs them, RoPE
     fused into the K/V write ("auto" keeps that kernel off the interpreter), or "auto" (with
     `references_on_cpu`: the PyTorch references)."""
-    cache = engine.runner.cache
-    if impl == "triton":
-        cache.fuses_rope = lambda impl="auto": impl not in ("ref", "torch")
-    else:
-        cache.__dict__.pop("fuses_rope", None)  # the class's own: off the interpreter
-    target.model.attn_impl = impl
+    target.model.attn_impl = target.model.rope_impl = impl
     if drafter is not None:
         drafter.attn_impl = drafter.rope_impl = impl
 

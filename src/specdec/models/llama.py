@@ -82,7 +82,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, cos, sin, cache: PagedKVCache, batch: AttentionBatch, attn_impl: str) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache: PagedKVCache, batch: AttentionBatch, attn_impl: str,
+                rope_impl: str = "auto") -> torch.Tensor:
         B, T, _ = x.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
@@ -92,7 +93,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # RoPE and the new rows' K/V store (before attention), one launch where Triton runs
-        q = cache.write_rotated(self.layer, q, k, v, cos, sin, batch.write_index, rotary=self.fused.rotary_qk)
+        q = cache.write_rotated(self.layer, q, k, v, cos, sin, batch.write_index, rotary=self.fused.rotary_qk,
+                                impl=rope_impl)
         o = attention(q, cache, self.layer, batch, scale=self.scale, sliding_window=self.sliding_window, impl=attn_impl)
         return self.o_proj(o.reshape(B, T, H * hd))
 
@@ -121,13 +123,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, shard, tp)
 
-    def forward(self, h, x, cos, sin, cache, batch, attn_impl: str, next_norm: RMSNorm):
+    def forward(self, h, x, cos, sin, cache, batch, attn_impl: str, next_norm: RMSNorm, rope_impl: str = "auto"):
         """h: [B, T, d] the layer input, x = input_layernorm(h) ->
         (the layer's true output, residual included [B, T, d], next_norm of it [B, T, d]).
 
         The residual adds are fused with the norm that follows them (this layer's
         post-attention norm, then the next layer's input norm or the final norm)."""
-        h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, cache, batch, attn_impl))
+        h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, cache, batch, attn_impl,
+                                                                                  rope_impl))
         return next_norm.add_forward(h, self.mlp(x))
 
 
@@ -142,6 +145,9 @@ class DecoderLM(nn.Module):
         head_dim: hd.
         sliding_window_per_layer: tuple[int | None, ...].
         attn_impl: passed to `specdec.runtime.attention` ("auto", "ref", ...).
+        rope_impl: passed to `PagedKVCache.write_rotated` ("auto": RoPE fused into the K/V write
+            on CUDA; "triton" forces the fused kernel, also in the interpreter), as the draft
+            heads' `rope_impl`.
     """
 
     def __init__(self, config: ModelConfig, *, attn_impl: str = "auto", tp: TPGroup | None = None):
@@ -151,6 +157,7 @@ class DecoderLM(nn.Module):
         self.tp = tp
         self.shard = shard = ShardLayout.of(config, tp.size, tp.rank)
         self.attn_impl = attn_impl
+        self.rope_impl = "auto"
         self.num_kv_heads_per_layer = (shard.num_kv_heads,) * config.num_layers
         self.head_dim = config.head_dim
         self.sliding_window_per_layer = tuple(config.sliding_windows)
@@ -213,7 +220,7 @@ class DecoderLM(nn.Module):
         x = layers[0].input_layernorm(h)
         for i, layer in enumerate(layers):
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-            h, x = layer(h, x, cos, sin, cache, batch, self.attn_impl, next_norm)
+            h, x = layer(h, x, cos, sin, cache, batch, self.attn_impl, next_norm, self.rope_impl)
             if capture is not None and i in capture.column:
                 capture.write(i, h, rows)
         last_hidden = x  # [B, T, d], the final norm of the last layer's output
