@@ -21,12 +21,12 @@ bf16 unless --dtype float32. Nothing here changes the library: a config is tried
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 from _bench_common import header, log, markdown_table
+from bench_attention import graph_timed
 
 import specdec.kernels.small_linear as small_linear
 
@@ -69,26 +69,8 @@ def parse_config(text: str) -> dict:
 
 def graph_us(fn, calls: int, iters: int, device) -> float | None:
     """Median us per call of `fn` (which makes `calls` calls) replayed as one CUDA graph; None off CUDA."""
-    if device.type != "cuda":
-        return None
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times) * 1e3 / calls
+    ms = graph_timed(fn, iters, device)  # bench_attention's: warm on a side stream, capture, median replay
+    return None if ms is None else ms * 1e3 / calls
 
 
 def run_projection(weights, x, impl: str, config: dict | None):
