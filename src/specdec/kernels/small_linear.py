@@ -26,8 +26,8 @@ from torch.library import triton_op
 from .launch import wrap_triton
 from .rope_kv_write import _INTERPRET, _rounded
 
-__all__ = ["MAX_ROWS", "SMALL_LINEAR_DTYPES", "choose_block_n", "launch_config", "small_linear_torch",
-           "small_linear_triton"]
+__all__ = ["MAX_ROWS", "SMALL_LINEAR_DTYPES", "choose_block_n", "launch_config", "small_linear_refusal",
+           "small_linear_torch", "small_linear_triton"]
 
 MAX_ROWS = 8  # more rows are GEMMs, where cuBLAS's tiles are the right tool
 SMALL_LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -97,25 +97,28 @@ def _small_linear_kernel(
              mask=row_ok[:, None] & col_ok[None, :])
 
 
-def check_small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """The launcher's preconditions, each named with the allowed values."""
+def small_linear_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """Why the kernel cannot take these inputs (the allowed values named), or None when it can:
+    the one list of its preconditions, for the launcher's errors and `models.linear`'s choice."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"small_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]")
+        return f"small_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [M, K] and [N, K]"
     if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"small_linear: x has {x.shape[0]} rows; allowed: 1 to MAX_ROWS={MAX_ROWS}")
+        return f"small_linear: x has {x.shape[0]} rows; allowed: 1 to MAX_ROWS={MAX_ROWS}"
     if x.dtype not in SMALL_LINEAR_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(f"small_linear: dtypes x {x.dtype}, weight {weight.dtype}"
-                         f"{'' if bias is None else f', bias {bias.dtype}'} must be one of {SMALL_LINEAR_DTYPES}")
+        return (f"small_linear: dtypes x {x.dtype}, weight {weight.dtype}"
+                f"{'' if bias is None else f', bias {bias.dtype}'} must be one of {SMALL_LINEAR_DTYPES}")
     if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
-        raise ValueError("small_linear: x, weight and bias must be contiguous along K (strides "
-                         f"{x.stride()}, {weight.stride()})")
+        return f"small_linear: x, weight and bias must be contiguous along K (strides {x.stride()}, {weight.stride()})"
+    return None
 
 
 @triton_op("specdec::small_linear", mutates_args={})  # a custom op: torch.compile calls it, not traces its launcher
 def small_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Kernel launcher, same signature as `small_linear_torch`: x [M, K] (1 <= M <= MAX_ROWS),
     weight [N, K], bias [N] or None, one dtype, contiguous along K -> y [M, N] in x's dtype."""
-    check_small_linear(x, weight, bias)
+    refusal = small_linear_refusal(x, weight, bias)
+    if refusal is not None:
+        raise ValueError(refusal)
     M, K = x.shape
     N = weight.shape[0]
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)

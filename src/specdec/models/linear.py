@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.small_linear import MAX_ROWS, SMALL_LINEAR_DTYPES, small_linear_triton
+from ..kernels.small_linear import MAX_ROWS, small_linear_refusal, small_linear_triton
 from ..ops.dispatch import use_triton
 
 __all__ = ["Linear", "small_rows_linear", "use_small_linear"]
@@ -27,18 +27,11 @@ def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     MAX_ROWS rows that it takes, else `F.linear` (more rows are GEMMs; other dtypes, CPU)."""
     K = x.shape[-1]
     rows = x.numel() // K if K else 0
-    takes = (
-        1 <= rows <= MAX_ROWS
-        and x.dtype in SMALL_LINEAR_DTYPES
-        and weight.dtype == x.dtype
-        and (bias is None or bias.dtype == x.dtype)
-        and x.stride(-1) == 1
-        and weight.stride(-1) == 1
-        and use_triton("auto", x)
-    )
-    if not takes:
+    if not 1 <= rows <= MAX_ROWS or x.stride(-1) != 1 or not use_triton("auto", x):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, K)  # a view for the step's contiguous activations; a copy of a few rows otherwise
+    if small_linear_refusal(flat, weight, bias) is not None:  # another dtype, a strided weight: F.linear
+        return F.linear(x, weight, bias)
     return small_linear_triton(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
