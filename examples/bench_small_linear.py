@@ -9,6 +9,11 @@ weights stream from HBM and not from L2), replayed: us per call. "step" adds eve
 of one forward (the layers' four and the head) for the target, and one forward's for a draft head.
 Each Triton row also prints its largest difference from cuBLAS, relative to the output's scale.
 
+A second table per layout times the fused kernels (`kernels.fused_linear`) against the pair they
+replace: the residual add + RMSNorm before qkv and gate/up, SwiGLU's activation before down, each
+as the compiled piece (`models.fused.compiled`, as the decoder runs it) then cuBLAS or the
+small-linear kernel, against one fused launch; us per layer, and per forward (x layers).
+
     python examples/bench_small_linear.py                          # H100/H200: smollm2 + its EAGLE-3 head, rows 1 2 4 6 8
     python examples/bench_small_linear.py --layouts llama8b --rows 1 6
     python examples/bench_small_linear.py --configs 8x256x4 4x512x2 16x128x4   # BLOCK_N x BLOCK_K x warps, beside the chosen
@@ -28,7 +33,9 @@ import torch.nn.functional as F
 from _bench_common import header, log, markdown_table
 from bench_attention import graph_timed
 
+import specdec.kernels.fused_linear as fused_linear
 import specdec.kernels.small_linear as small_linear
+from specdec.models import fused as pieces
 
 # name -> (layers, [(projection, N, K)], the per-forward head (N, K) or None)
 LAYOUTS = {
@@ -39,6 +46,15 @@ LAYOUTS = {
     "llama8b": (32, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
                 (128256, 4096)),
     "tiny": (2, [("qkv", 96, 64), ("down", 64, 96)], (100, 64)),
+}
+# name -> [(what is fused, "norm" or "swiglu", N, K)]: the projections whose input a piece makes
+FUSED = {
+    "smollm2": [("add+norm, qkv", "norm", 960, 576), ("add+norm, gate_up", "norm", 3072, 576),
+                ("silu*up, down", "swiglu", 576, 1536)],
+    "smollm2-eagle3": [("add+norm, gate_up", "norm", 3072, 576), ("silu*up, down", "swiglu", 576, 1536)],
+    "llama8b": [("add+norm, qkv", "norm", 6144, 4096), ("add+norm, gate_up", "norm", 28672, 4096),
+                ("silu*up, down", "swiglu", 4096, 14336)],
+    "tiny": [("add+norm, qkv", "norm", 96, 64), ("silu*up, down", "swiglu", 64, 96)],
 }
 COPIES = 8  # a one-layer layout's projection is timed over this many weights (L2 stays cold)
 
@@ -86,6 +102,59 @@ def run_projection(weights, x, impl: str, config: dict | None):
         small_linear.launch_config = chosen
 
 
+def run_fused(kind: str, weights, inputs, impl: str, fns):
+    """Every weight's projection of the piece's output: the piece then cuBLAS or the small-linear
+    kernel (impl "cublas" / "triton"), or one fused launch ("fused")."""
+    res, delta, nw = inputs
+    out = []
+    for w in weights:
+        if impl == "fused":
+            if kind == "norm":
+                out.append(fused_linear.norm_linear_triton(res, delta, nw, 1e-5, w, None)[1])
+            else:
+                out.append(fused_linear.swiglu_linear_triton(res, w, None))
+            continue
+        x = fns.add_rms_norm(res, delta, nw, 1e-5)[1] if kind == "norm" else fns.silu_mul(res)
+        out.append(F.linear(x, w) if impl == "cublas" else small_linear.small_linear_triton(x, w, None))
+    return out
+
+
+def fused_table(name: str, layers: int, rows_list, dtype, device, iters: int, gen, fns) -> None:
+    """The fused kernels against the piece + projection they replace, per layer and per forward."""
+    table = []
+    per_forward = {}
+    copies = layers if layers > 1 else COPIES
+    for what, kind, N, K in FUSED.get(name, []):
+        weights = None
+        weights = [torch.randn(N, K, device=device, dtype=dtype, generator=gen) / K**0.5 for _ in range(copies)]
+        for m in rows_list:
+            width = K if kind == "norm" else 2 * K
+            inputs = (torch.randn(m, width, device=device, dtype=dtype, generator=gen),
+                      torch.randn(m, width, device=device, dtype=dtype, generator=gen),
+                      1 + 0.1 * torch.randn(width, device=device, dtype=dtype, generator=gen))
+            ref = run_fused(kind, weights[:1], inputs, "cublas", fns)[0].float()
+            scale = ref.abs().max().item() or 1.0
+            cells, base = [what, f"{N}x{K}", str(m)], None
+            for impl in ("cublas", "triton", "fused"):
+                t0 = time.perf_counter()
+                diff = (run_fused(kind, weights[:1], inputs, impl, fns)[0].float() - ref).abs().max().item() / scale
+                us = graph_us(lambda: run_fused(kind, weights, inputs, impl, fns), copies, iters, device)
+                if us is None:
+                    us = (time.perf_counter() - t0) * 1e6
+                base = us if impl == "cublas" else base
+                cells.append(f"{us:.2f}" + ("" if impl == "cublas" else f" ({base / us:.2f}x, d {diff:.1e})"))
+                per_forward[(m, impl)] = per_forward.get((m, impl), 0.0) + us * layers
+            table.append(cells)
+    if not table:
+        return
+    log(f"\n{name}: the fused kernels against piece + projection, us per layer; (x) = piece+cuBLAS / this")
+    print(markdown_table(["fused", "N x K", "rows", "piece + cuBLAS", "piece + small_linear", "fused kernel"], table))
+    log(f"{name}: every fused pair of one forward (x {layers} layers), us")
+    print(markdown_table(["rows", "piece + cuBLAS", "piece + small_linear", "fused kernel"],
+                         [[str(m)] + [f"{per_forward[(m, impl)]:.1f}" for impl in ("cublas", "triton", "fused")]
+                          for m in rows_list]))
+
+
 def main() -> None:
     args = parse_args()
     device = torch.device("cpu" if args.quick or not torch.cuda.is_available() else "cuda")
@@ -99,6 +168,7 @@ def main() -> None:
     variants = [("cublas", None), ("triton", None)] + [("triton", c) for c in configs]
     print(header(device, dtype, "rows " + " ".join(map(str, rows_list)), iters=args.iters))
     gen = torch.Generator(device=device).manual_seed(0)
+    fns = pieces.EAGER if device.type == "cpu" else pieces.compiled()  # the pieces as the decoder runs them
     for name in layouts:
         layers, projections, head = LAYOUTS[name]
         shapes = projections + ([("head", *head)] if head else [])
@@ -140,6 +210,7 @@ def main() -> None:
                 cells.append(f"{t:.1f} ({cu / t:.2f}x)")
             rows.append(cells)
         print(markdown_table(["rows", "cuBLAS"] + names[1:], rows))
+        fused_table(name, layers, rows_list, dtype, device, args.iters, gen, fns)
 
 
 if __name__ == "__main__":

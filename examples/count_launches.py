@@ -35,6 +35,10 @@ chain-5 495, tree N=48 567 kernels per step at 32cbac7).
     TRITON_INTERPRET=1 python examples/count_launches.py --combo chain-5     # the pieces with combo kernels
     TRITON_INTERPRET=1 python examples/count_launches.py --names chain-5     # each piece's kernels by name
     TRITON_INTERPRET=1 python examples/count_launches.py --kernels --draft-layers 2 chain-5   # a two-layer head
+    TRITON_INTERPRET=1 python examples/count_launches.py --kernels --small-linear target-only  # the few-row kernels
+
+`--small-linear` counts the step with `ExecutionConfig.small_linear` on: its 1-8 row projections
+on the few-row kernels, the norms and SwiGLU's activation fused into them (`kernels.fused_linear`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from _bench_common import random_eagle3_head  # noqa: E402
 from bench_cycle import QUICK_TARGET, build_target, head_config  # noqa: E402
 from bench_target import TINY  # noqa: E402
 from specdec.models import RopeConfig  # noqa: E402
+import specdec.models.linear as linear_module  # noqa: E402
 from specdec import SamplingParams, SpecConfig  # noqa: E402
 from specdec.entrypoints.decoder import SpecDecoder  # noqa: E402
 from specdec.models import fused  # noqa: E402
@@ -83,7 +88,7 @@ NOT_LAUNCHES = {
     "permute", "split", "split_with_sizes", "as_strided", "reshape", "unbind", "chunk", "lift_fresh", "resolve_conj",
     "resolve_neg", "empty", "empty_like", "empty_strided", "to", "promote_types",
     "kv_write", "rope_kv_write", "paged_attention", "build_tree", "verify_greedy", "verify_target_only", "verify_speculative",
-    "relocate_kv",
+    "relocate_kv", "small_linear", "norm_linear", "rms_norm_linear", "swiglu_linear",
 }
 # SmolLM2-135M's shape (random weights): the target whose GPU kernel counts the end-to-end logs give
 SMOLLM2_SHAPE = dataclasses.replace(
@@ -175,8 +180,9 @@ def instrument(counter: LaunchCounter) -> None:
         fused._FUNCTIONS[name] = piece
 
 
-def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, collections.Counter]:
-    config = SETUPS[key].replace(max_batch_size=1, max_seq_len=256, compile=False, cuda_graphs=False)
+def count_step(key: str, target, head, counter: LaunchCounter, small: bool = False) -> dict[str, collections.Counter]:
+    config = SETUPS[key].replace(max_batch_size=1, max_seq_len=256, compile=False, cuda_graphs=False,
+                                 small_linear=small)
     dec = SpecDecoder.from_pretrained(target, None if key == "target-only" else head, config, device="cpu",
                                       dtype=torch.float32)
     engine = dec.engine
@@ -222,8 +228,14 @@ def count_step(key: str, target, head, counter: LaunchCounter) -> dict[str, coll
     counter.counts.clear()
     if counter.records is not None:
         counter.records.clear()  # the counted step's piece calls only
-    with counter:
-        engine.step()
+    takes = linear_module.use_triton
+    if small:  # the few-row kernels as CUDA runs them (off CUDA, models.linear keeps F.linear)
+        linear_module.use_triton = lambda impl, x: True
+    try:
+        with counter:
+            engine.step()
+    finally:
+        linear_module.use_triton = takes
     return dict(counter.counts)
 
 
@@ -291,7 +303,9 @@ def main() -> None:
         del args[i : i + 2]
     options = tuple(a for a in args if "=" in a)  # NAME=VALUE: Inductor options for the pieces (with --kernels)
     kernels_mode = kernels_mode or bool(options)
-    keys = [a for a in args if a not in ("--json", "--kernels", "--names", "--combo") and "=" not in a] or list(SETUPS)
+    small = "--small-linear" in args
+    flags = ("--json", "--kernels", "--names", "--combo", "--small-linear")
+    keys = [a for a in args if a not in flags and "=" not in a] or list(SETUPS)
     unknown = [k for k in keys if k not in SETUPS]
     if unknown:
         sys.exit(f"unknown setups {unknown}; allowed: {list(SETUPS)}")
@@ -309,7 +323,7 @@ def main() -> None:
         unit = "GPU kernels (compiled pieces as Inductor generates them, with combo kernels)"
     for key in keys:
         counter.records = [] if kernels_mode else None
-        counts = count_step(key, target, head, counter)
+        counts = count_step(key, target, head, counter, small)
         if kernels_mode:
             per_call = piece_kernels(counter.records, combo, options)
             counts = as_kernels(counts, counter.records, per_call)
@@ -317,7 +331,7 @@ def main() -> None:
         if as_json:
             print(json.dumps(dict(setup=key, total=total, phases={p: sum(c.values()) for p, c in counts.items()})))
             continue
-        layers = "" if draft_layers == 1 else f", {draft_layers} draft layers"
+        layers = ("" if draft_layers == 1 else f", {draft_layers} draft layers") + (", small_linear" if small else "")
         print(f"{key}: {total} {unit} per step ({shape} target{layers}, batch 1, CPU proxy)")
         for phase, c in sorted(counts.items(), key=lambda kv: -sum(kv[1].values())):
             top = ", ".join(f"{op} {n}" for op, n in c.most_common(14))

@@ -82,7 +82,8 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 JITFunction.run = _compile_only
 
-from specdec.kernels import kv_relocate, kv_write, ranked_call, rope_kv_write, small_linear, tree_attention, tree_build  # noqa: E402
+from specdec.kernels import fused_linear, kv_relocate, kv_write, ranked_call, rope_kv_write, small_linear  # noqa: E402
+from specdec.kernels import tree_attention, tree_build  # noqa: E402
 from specdec.kernels import top_logprobs, verify_greedy, verify_speculative, verify_target_only  # noqa: E402
 from specdec.ops.top_logprobs import chunk_count  # noqa: E402
 
@@ -234,13 +235,25 @@ def attention() -> None:
 
 def linear() -> None:
     """The few-row projections at the shipped models' shapes (SmolLM2's qkv and down, its EAGLE-3
-    head's fc, a vocabulary head of 2^31+ weight elements' row offsets) and an odd one, 1 to 8 rows."""
+    head's fc, a vocabulary head of 2^31+ weight elements' row offsets) and an odd one, 1 to 8 rows;
+    the fused norm / SwiGLU projections (`kernels.fused_linear`) at SmolLM2's."""
     for (N, K), dtype in (((960, 576), torch.bfloat16), ((576, 1536), torch.bfloat16), ((576, 1728), torch.float32),
                           ((49152, 576), torch.bfloat16), ((7, 3), torch.float16)):
         for M in (1, 3, 8):
             bias = torch.empty(N, dtype=dtype) if M == 3 else None
             small_linear.small_linear_triton(torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype), bias)
             print(f"ok small linear M={M} N={N} K={K} {dtype} bias={bias is not None}")
+    # the fused ones at SmolLM2's norm -> qkv / gate_up and SwiGLU -> down, and an odd shape
+    for (N, K), dtype in (((960, 576), torch.bfloat16), ((3072, 576), torch.bfloat16), ((7, 3), torch.float32)):
+        for M in (1, 8):
+            x, w = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
+            fused_linear.norm_linear_triton(x, x, torch.empty(K, dtype=dtype), 1e-5, w, None)
+            fused_linear.rms_norm_linear_triton(x, torch.empty(K, dtype=dtype), 1e-5, w, None)
+            print(f"ok norm linear M={M} N={N} K={K} {dtype}")
+    for (N, K), dtype in (((576, 1536), torch.bfloat16), ((5, 6), torch.float16)):
+        for M in (1, 8):
+            fused_linear.swiglu_linear_triton(torch.empty(M, 2 * K, dtype=dtype), torch.empty(N, K, dtype=dtype), None)
+            print(f"ok swiglu linear M={M} N={N} K={K} {dtype}")
 
 
 FAMILIES = {"verify": verify, "tree": tree, "kv": kv, "attention": attention, "linear": linear}

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from specdec.models import fused
-from specdec.models.linear import Linear
+from specdec.models.linear import Linear, swiglu_down
 from specdec.models.llama import RMSNorm
 
 __all__ = ["DraftAttention", "SwiGLU", "fuse_linear_names", "take_rows"]
@@ -77,9 +77,14 @@ class DraftAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         """x: [B, T, in_features] -> [B, T, hidden_size]; `attend` stores the new K/V and attends."""
-        B, T, _ = x.shape
+        return self.from_qkv(self.qkv_proj(x), cos, sin, attend)
+
+    def from_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """qkv [B, T, (H + 2 Hkv) hd] (the projection, which a caller may fuse with its norm) ->
+        [B, T, hidden_size]."""
+        B, T, _ = qkv.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv_proj(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         q = q.view(B, T, H, hd)  # [B, T, H, hd]
         k = k.view(B, T, Hkv, hd)  # [B, T, Hkv, hd]
         v = v.view(B, T, Hkv, hd)
@@ -106,7 +111,11 @@ class SwiGLU(nn.Module):
         fuse_linear_names(self, "gate_up_proj", [("gate_proj", intermediate_size), ("up_proj", intermediate_size)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.fused.silu_mul(self.gate_up_proj(x)))
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [..., 2f] -> down_proj(silu(gate) * up) [..., d] (`models.linear.swiglu_down`)."""
+        return swiglu_down(gate_up, self.down_proj, self.fused)
 
 
 def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -121,10 +121,11 @@ class Eagle3Layer(nn.Module):
         ln, hn = self.input_layernorm, self.hidden_norm
         x, normed = ln.fused.norm_cat(embeds, hidden, ln.weight, hn.weight, ln.eps, hn.eps)  # [B, T, 2d], [B, T, d]
         residual = normed if self.norm_before_residual else hidden
-        h, normed_h = self.post_attention_layernorm.add_forward(residual, self.self_attn(x, cos, sin, attend))
+        h, gate_up = self.post_attention_layernorm.into(self.mlp.gate_up_proj, residual,
+                                                        self.self_attn(x, cos, sin, attend))
         if final_norm is not None:
-            return final_norm.add_forward(h, self.mlp(normed_h))
-        return h + self.mlp(normed_h)
+            return final_norm.add_forward(h, self.mlp.down(gate_up))
+        return h + self.mlp.down(gate_up)
 
 
 class DraftDecoderLayer(nn.Module):
@@ -144,8 +145,9 @@ class DraftDecoderLayer(nn.Module):
         """x [B, T, d] and its input_layernorm(x) (computed by the layer before, fused with its
         residual add) -> (output [B, T, d], final_norm(output)): `final_norm` is the next
         layer's input norm, or the head's norm after the last layer."""
-        h, normed_h = self.post_attention_layernorm.add_forward(x, self.self_attn(normed_x, cos, sin, attend))
-        return final_norm.add_forward(h, self.mlp(normed_h))
+        h, gate_up = self.post_attention_layernorm.into(self.mlp.gate_up_proj, x,
+                                                        self.self_attn(normed_x, cos, sin, attend))
+        return final_norm.add_forward(h, self.mlp.down(gate_up))
 
 
 class Eagle3Model(nn.Module):

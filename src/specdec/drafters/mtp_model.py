@@ -167,8 +167,10 @@ class MTPModel(nn.Module):
     def block(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         """The decoder block: [B, T, d] -> [B, T, d] (residual included)."""
         cos, sin = self.rotary(positions, x.dtype)  # [B, T, 1, hd]
-        h, normed = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), cos, sin, attend))
-        return h + self.mlp(normed)
+        _, qkv = self.input_layernorm.into(self.self_attn.qkv_proj, x)  # the norm fused into qkv where it can be
+        h, gate_up = self.post_attention_layernorm.into(self.mlp.gate_up_proj, x,
+                                                        self.self_attn.from_qkv(qkv, cos, sin, attend))
+        return h + self.mlp.down(gate_up)
 
     # ------------------------------------------------------------------ forwards
     def forward(

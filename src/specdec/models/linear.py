@@ -16,10 +16,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.fused_linear import (fused_linear_refusal, norm_linear_triton, rms_norm_linear_triton,
+                                     swiglu_linear_triton)
 from ..kernels.small_linear import MAX_ROWS, small_linear_refusal, small_linear_triton
 from ..ops.dispatch import use_triton
 
-__all__ = ["Linear", "small_rows_linear", "use_small_linear"]
+__all__ = ["Linear", "fused_norm_linear", "fused_swiglu_linear", "small_rows_linear", "swiglu_down",
+           "use_small_linear"]
+
+
+def _few_rows(x: torch.Tensor, linear: nn.Module) -> int:
+    """x [..., K]'s row count when `linear` is a `Linear` switched to the few-row kernels and the
+    kernels may run here (1 to MAX_ROWS rows contiguous along K, CUDA or the interpreter), else 0.
+    Static sizes only: a captured step keeps one choice per bucket."""
+    if not isinstance(linear, Linear) or not linear.small_rows:
+        return 0
+    K = x.shape[-1]
+    rows = x.numel() // K if K else 0
+    if not 1 <= rows <= MAX_ROWS or x.stride(-1) != 1 or not use_triton("auto", x):
+        return 0
+    return rows
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -33,6 +49,46 @@ def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     if small_linear_refusal(flat, weight, bias) is not None:  # another dtype, a strided weight: F.linear
         return F.linear(x, weight, bias)
     return small_linear_triton(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def fused_norm_linear(res: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                      linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(h = res + delta, linear(rms_norm(h))) as one few-row kernel (`kernels.fused_linear`), h [..., K]
+    and y [..., N]; delta None: (res, linear(rms_norm(res))). None when the kernel does not take
+    these inputs (the caller then runs the norm piece and `linear` apart)."""
+    rows = _few_rows(res, linear)
+    if not rows:
+        return None
+    K = res.shape[-1]
+    flat = res.reshape(rows, K)
+    flat_delta = None if delta is None else delta.reshape(rows, K)
+    if fused_linear_refusal(flat, linear.weight, linear.bias, flat_delta, norm_weight) is not None:
+        return None
+    out_shape = (*res.shape[:-1], linear.weight.shape[0])
+    if flat_delta is None:
+        return res, rms_norm_linear_triton(flat, norm_weight, eps, linear.weight, linear.bias).view(out_shape)
+    h, y = norm_linear_triton(flat, flat_delta, norm_weight, eps, linear.weight, linear.bias)
+    return h.view(res.shape), y.view(out_shape)
+
+
+def fused_swiglu_linear(gate_up: torch.Tensor, linear: nn.Module) -> torch.Tensor | None:
+    """linear(silu(gate) * up) over gate_up [..., 2K] = [gate | up] as one few-row kernel, [..., N];
+    None when the kernel does not take these inputs."""
+    rows = _few_rows(gate_up, linear)
+    if not rows:
+        return None
+    flat = gate_up.reshape(rows, gate_up.shape[-1])
+    K = linear.weight.shape[-1]
+    if flat.shape[-1] != 2 * K or fused_linear_refusal(flat[:, :K], linear.weight, linear.bias) is not None:
+        return None
+    return swiglu_linear_triton(flat, linear.weight, linear.bias).view(*gate_up.shape[:-1], linear.weight.shape[0])
+
+
+def swiglu_down(gate_up: torch.Tensor, down_proj: nn.Module, pieces) -> torch.Tensor:
+    """gate_up [..., 2f] -> down_proj(silu(gate) * up) [..., d]: one kernel where down_proj runs few
+    rows on the small-linear kernels, else `pieces.silu_mul` (a `models.fused.Pieces`) and down_proj."""
+    fused_out = fused_swiglu_linear(gate_up, down_proj)
+    return fused_out if fused_out is not None else down_proj(pieces.silu_mul(gate_up))
 
 
 class Linear(nn.Linear):

@@ -28,7 +28,7 @@ from ..runtime.attention import AttentionBatch, attention
 from ..runtime.kv_cache import PagedKVCache
 from . import fused
 from .capture import CaptureBuffer, LayerTap
-from .linear import Linear
+from .linear import Linear, fused_norm_linear, swiglu_down
 from .config import ModelConfig
 from .parallel import RowParallelLinear, ShardLayout, VocabParallelEmbedding, VocabParallelHead
 from .rope import Rotary
@@ -62,6 +62,18 @@ class RMSNorm(nn.Module):
         """(x + delta, norm(x + delta)) in one fused piece."""
         return self.fused.add_rms_norm(x, delta, self.weight, self.eps)
 
+    def into(self, linear: nn.Module, x: torch.Tensor, delta: torch.Tensor | None = None):
+        """(h, linear(norm(h))) with h = x + delta (x without delta): the norm and the projection
+        that reads it, one kernel where `linear` runs few rows on the small-linear kernels
+        (`models.linear.fused_norm_linear`), else the norm piece and the projection."""
+        fused_pair = fused_norm_linear(x, delta, self.weight, self.eps, linear)
+        if fused_pair is not None:
+            return fused_pair
+        if delta is None:
+            return x, linear(self(x))
+        h, normed = self.add_forward(x, delta)
+        return h, linear(normed)
+
 
 class Attention(nn.Module):
     fused = fused.EAGER
@@ -84,9 +96,16 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: PagedKVCache, batch: AttentionBatch, attn_impl: str,
                 rope_impl: str = "auto") -> torch.Tensor:
-        B, T, _ = x.shape
+        """x [B, T, d] (normed) -> the attention block's output [B, T, d] (before the residual add)."""
+        return self.attend(self.qkv_proj(x), cos, sin, cache, batch, attn_impl, rope_impl)
+
+    def attend(self, qkv, cos, sin, cache: PagedKVCache, batch: AttentionBatch, attn_impl: str,
+               rope_impl: str = "auto") -> torch.Tensor:
+        """qkv [B, T, (H + 2 Hkv) hd] (the projection, which the layer may fuse with its norm) ->
+        RoPE, the K/V write, attention and o_proj: [B, T, d]."""
+        B, T, _ = qkv.shape
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv_proj(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         q = q.view(B, T, H, hd)  # [B, T, H, hd]
         k = k.view(B, T, Hkv, hd)  # [B, T, Hkv, hd]
         v = v.view(B, T, Hkv, hd)
@@ -112,7 +131,11 @@ class MLP(nn.Module):
             self.down_proj = RowParallelLinear(f, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.fused.silu_mul(self.gate_up_proj(x)))
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [..., 2f] -> down_proj(silu(gate) * up) [..., d] (`models.linear.swiglu_down`)."""
+        return swiglu_down(gate_up, self.down_proj, self.fused)
 
 
 class DecoderLayer(nn.Module):
@@ -123,15 +146,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, shard, tp)
 
-    def forward(self, h, x, cos, sin, cache, batch, attn_impl: str, next_norm: RMSNorm, rope_impl: str = "auto"):
-        """h: [B, T, d] the layer input, x = input_layernorm(h) ->
-        (the layer's true output, residual included [B, T, d], next_norm of it [B, T, d]).
+    def forward(self, h, delta, cos, sin, cache, batch, attn_impl: str, rope_impl: str = "auto"):
+        """h [B, T, d] and delta [B, T, d] (the layer before's last residual add, not yet done; None
+        for the first layer) -> (the layer's input h + delta, the residual after attention, the
+        MLP's output [B, T, d] each): the MLP's residual add is left to the next layer.
 
-        The residual adds are fused with the norm that follows them (this layer's
-        post-attention norm, then the next layer's input norm or the final norm)."""
-        h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, cache, batch, attn_impl,
-                                                                                  rope_impl))
-        return next_norm.add_forward(h, self.mlp(x))
+        Each residual add is done with the norm after it and that norm with the projection after
+        it (`RMSNorm.into`): one kernel where the few-row kernels run, else the add+norm piece and
+        the projection."""
+        h, qkv = self.input_layernorm.into(self.self_attn.qkv_proj, h, delta)
+        attn_out = self.self_attn.attend(qkv, cos, sin, cache, batch, attn_impl, rope_impl)
+        mid, gate_up = self.post_attention_layernorm.into(self.mlp.gate_up_proj, h, attn_out)
+        return h, mid, self.mlp.down(gate_up)
 
 
 class DecoderLM(nn.Module):
@@ -216,14 +242,15 @@ class DecoderLM(nn.Module):
         h = self.embed_tokens(tokens)  # [B, T, d]
         cos, sin = self.rotary(positions, h.dtype)  # [B, T, 1, hd]
         rows = capture.row_index(batch.q_len, tokens.shape[1]) if capture is not None else None  # [B, T]
-        layers = list(self.layers)
-        x = layers[0].input_layernorm(h)
-        for i, layer in enumerate(layers):
-            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-            h, x = layer(h, x, cos, sin, cache, batch, self.attn_impl, next_norm, self.rope_impl)
-            if capture is not None and i in capture.column:
-                capture.write(i, h, rows)
-        last_hidden = x  # [B, T, d], the final norm of the last layer's output
+        delta = None  # [B, T, d]: the last residual add, done by the next norm's kernel
+        for i, layer in enumerate(self.layers):
+            layer_input, h, delta = layer(h, delta, cos, sin, cache, batch, self.attn_impl, self.rope_impl)
+            if capture is not None and i - 1 in capture.column:  # layer i's input is layer i - 1's output
+                capture.write(i - 1, layer_input, rows)
+        h, last_hidden = self.norm.add_forward(h, delta)  # [B, T, d]: the last layer's output, its final norm
+        last = len(self.layers) - 1
+        if capture is not None and last in capture.column:
+            capture.write(last, h, rows)
         picked = last_hidden
         if logits_index is not None:
             idx = logits_index[..., None].expand(-1, -1, last_hidden.shape[-1])  # [B, M, d]
