@@ -147,9 +147,11 @@ class ExecutionConfig:
     # (a draft depth's input piece: 6 GPU kernels -> 1; `examples/count_launches.py --kernels --combo`).
     # Off until timed on the GPU; CPU code has no combo kernels.
     combo_kernels: bool = False
-    # The projections of at most 8 rows (batch-1 decode, short chains, draft depths) through the Triton
-    # few-row kernel (`kernels.small_linear`, every SM on one GEMV) instead of cuBLAS; CUDA only (the CPU
-    # keeps F.linear). Off until timed on the GPU (`examples/bench_small_linear.py`).
+    # The projections of 1-2 rows with weights of at most 2^22 elements (a small model's batch-1 decode
+    # and draft depths) through the Triton few-row kernels (`kernels.small_linear`, every SM on one GEMV;
+    # `kernels.fused_linear`, the norm or SwiGLU's activation fused in) instead of cuBLAS, where an H100
+    # measured them faster (`small_linear_wins`); CUDA only (the CPU keeps F.linear). Off until the whole
+    # step is timed with it (`examples/bench_e2e.py`'s -gemv rows).
     small_linear: bool = False
 
     def __post_init__(self) -> None:

@@ -5,8 +5,6 @@ and at SmolLM2's shapes; their errors."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,9 +12,9 @@ from hypothesis import strategies as st
 
 from specdec.kernels.fused_linear import (norm_linear_torch, norm_linear_triton, rms_norm_linear_torch,
                                           rms_norm_linear_triton, swiglu_linear_torch, swiglu_linear_triton)
-import specdec.kernels.small_linear as small_linear
 from specdec.kernels.small_linear import MAX_ROWS
 from specdec.models.fused import add_rms_norm, rms_norm, silu_mul
+from _linear_tiles import few_programs
 from tree_cases import DEVICE, FULL
 
 pytestmark = pytest.mark.gpu  # scripts/gpu_check.sh runs it on CUDA
@@ -37,21 +35,6 @@ def _bound(x_ref: torch.Tensor, w: torch.Tensor, exact: torch.Tensor) -> torch.T
     K = x_ref.shape[-1]
     step = STEP[x_ref.dtype]
     return scale * ((K + 2) * 2.0**-23 + step) + exact.abs() * step + 1e-30
-
-
-@contextlib.contextmanager
-def few_programs():
-    """Off CUDA: one SM's tiles (64 columns a program), so a random case is a few interpreted
-    programs, not one per H100 SM (~50 ms each); the shipped-shape tests keep the H100's tiles."""
-    if DEVICE == "cuda":
-        yield
-        return
-    before = small_linear._num_sms
-    small_linear._num_sms = lambda device: 1
-    try:
-        yield
-    finally:
-        small_linear._num_sms = before
 
 
 def _rand(shape, dtype, g, scale=1.0):
@@ -123,13 +106,21 @@ ROWS = (1, 6) if FULL else (1,)
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("n, k", NORM_SHAPES if FULL else NORM_SHAPES[:1])
 def test_norm_linear_at_smollm2_shapes_in_bf16(m, n, k):
-    _check_norm_linear(m, n, k, torch.bfloat16, False, True, n + k + m)
+    with few_programs():
+        _check_norm_linear(m, n, k, torch.bfloat16, False, True, n + k + m)
+
+
+def test_norm_linear_walks_k_in_slices_past_one_slice():
+    # 1-2 rows take all of K in one slice up to 1024: a wider K is two slices, both passes
+    with few_programs():
+        _check_norm_linear(2, 8, 1100, torch.float32, True, True, 5)
 
 
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("n, k", SWIGLU_SHAPES)
 def test_swiglu_linear_at_smollm2_shapes_in_bf16(m, n, k):
-    _check_swiglu_linear(m, n, k, torch.bfloat16, False, n + k + m)
+    with few_programs():
+        _check_swiglu_linear(m, n, k, torch.bfloat16, False, n + k + m)
 
 
 def test_bf16_norm_linear_feeds_the_projection_the_eager_pieces_bits():

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.kernels.small_linear import (MAX_ROWS, choose_block_n, launch_config, small_linear_torch,
-                                          small_linear_triton)
+                                          small_linear_triton, small_linear_wins)
+from _linear_tiles import few_programs
 from tree_cases import DEVICE, FULL
 
 pytestmark = pytest.mark.gpu  # scripts/gpu_check.sh runs it on CUDA, every shipped shape
@@ -50,19 +51,29 @@ def _assert_close_to_reference(x, w, b):
     seed=st.integers(0, 2**16),
 )
 def test_kernel_equals_reference_on_random_shapes(m, n, k, dtype, bias, seed):
-    _assert_close_to_reference(*_case(m, n, k, dtype, bias, seed))
+    with few_programs():
+        _assert_close_to_reference(*_case(m, n, k, dtype, bias, seed))
 
 
 # (N, K): SmolLM2-135M's qkv, o, gate/up and down; its EAGLE-3 head's qkv (2d in) and fc (3 captured
-# states); a Llama-3-8B qkv (a grid of 96 programs of 64 columns). The interpreter takes ~2-20 s a
-# case: CI runs three of them, a CUDA machine every one at 1 and 6 rows.
+# states); a Llama-3-8B qkv (a grid of 96 programs of 64 columns). CI runs three of them on one SM's
+# tiles, and one at the H100's (288 programs, ~10 s interpreted); a CUDA machine every one at 1 and 6 rows.
 SHIPPED = [(960, 576), (576, 576), (3072, 576), (576, 1536), (960, 1152), (576, 1728), (6144, 4096)]
 CASES = [(m, n, k) for m in (1, 6) for n, k in SHIPPED] if FULL else [(1, 960, 576), (6, 576, 576), (1, 576, 1728)]
 
 
 @pytest.mark.parametrize("m, n, k", CASES)
 def test_kernel_equals_reference_at_the_shipped_projection_shapes(m, n, k):
-    _assert_close_to_reference(*_case(m, n, k, torch.bfloat16, False, n + k + m))
+    with few_programs():
+        _assert_close_to_reference(*_case(m, n, k, torch.bfloat16, False, n + k + m))
+
+
+def test_one_row_on_the_h100s_tiles_and_k_in_two_slices():
+    # SmolLM2's o_proj at 1 row as the H100 runs it (2 columns a program, all of K in one slice);
+    # then a K past 1024, two slices
+    _assert_close_to_reference(*_case(1, 576, 576, torch.bfloat16, False, 7))
+    with few_programs():
+        _assert_close_to_reference(*_case(2, 8, 1500, torch.float32, True, 8))
 
 
 def test_a_row_past_a_strided_view_is_read_at_its_stride():
@@ -79,6 +90,21 @@ def test_a_row_past_a_strided_view_is_read_at_its_stride():
 def test_block_n_gives_every_sm_a_program_while_it_can(n, sms, block):
     assert choose_block_n(n, sms) == block
     assert -(-n // block) >= sms or block == 4
+
+
+@pytest.mark.parametrize("m, n, k, block_n, block_k", [(1, 960, 576, 2, 1024), (2, 576, 576, 2, 1024),
+                                                      (1, 3072, 576, 4, 1024), (1, 576, 1536, 2, 1024),
+                                                      (2, 7, 3, 2, 32)])
+def test_one_or_two_rows_take_narrow_tiles_and_all_of_k(m, n, k, block_n, block_k):
+    # the H100 sweep's best for 1-2 rows (sweep_configs_abfd635_h100.log): 2-4 columns, K in one slice, 2 warps
+    assert launch_config(m, n, k, 132) == dict(M_PAD=2, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=2)
+
+
+@pytest.mark.parametrize("m, n, k, wins", [(1, 960, 576, True), (2, 3072, 576, True), (1, 576, 1728, True),
+                                           (3, 960, 576, False), (6, 576, 576, False), (1, 49152, 576, False),
+                                           (1, 16384, 576, False), (1, 6144, 4096, False), (0, 8, 8, False)])
+def test_the_kernels_are_chosen_where_they_measured_faster(m, n, k, wins):
+    assert small_linear_wins(m, n, k) is wins
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 960, 576), (8, 3072, 576), (5, 576, 1536), (2, 7, 3)])

@@ -27,7 +27,7 @@ from .launch import wrap_triton
 from .rope_kv_write import _INTERPRET, _rounded
 
 __all__ = ["MAX_ROWS", "SMALL_LINEAR_DTYPES", "choose_block_n", "launch_config", "small_linear_refusal",
-           "small_linear_torch", "small_linear_triton"]
+           "small_linear_torch", "small_linear_triton", "small_linear_wins"]
 
 MAX_ROWS = 8  # more rows are GEMMs, where cuBLAS's tiles are the right tool
 SMALL_LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -61,11 +61,31 @@ def choose_block_n(n: int, num_sms: int) -> int:
 
 def launch_config(m: int, n: int, k: int, num_sms: int) -> dict:
     """BLOCK_N, BLOCK_K, M_PAD and warps for an [m, k] x [n, k]^T launch (static sizes only).
-    `examples/bench_small_linear.py` sweeps the alternatives; a test may patch this."""
+    `examples/bench_small_linear.py` sweeps the alternatives; a test may patch this.
+
+    1-2 rows (M_PAD 2): all of K in one slice (up to 1024) and the narrowest tiles that still
+    give each SM about four programs, 2 warps: the H100 sweep's best at SmolLM2's shapes
+    (`notes/gpu/issue20/small_linear/sweep_configs_abfd635_h100.log`: qkv 2.35 us, o 2.17, gate/up
+    4.4, down 3.95, against cuBLAS's 3.45, 3.27, 4.40, 5.11; the first tiles, 4-16 columns by
+    128-512 of K at 4 warps, took 3.2, 3.0, 11.1, 5.0). More rows keep those first tiles."""
     m_pad = max(2, triton.next_power_of_2(m))  # two rows at least: a one-row arange is a JIT special case
+    if m_pad == 2:
+        block_n = 2
+        while block_n < 64 and triton.cdiv(n, 2 * block_n) >= 4 * num_sms:
+            block_n *= 2
+        return dict(M_PAD=2, BLOCK_N=block_n, BLOCK_K=max(32, min(triton.next_power_of_2(k), 1024)), num_warps=2)
     block_n = choose_block_n(n, num_sms)
     block_k = max(32, min(triton.next_power_of_2(k), 512, _TILE // (m_pad * block_n)))
     return dict(M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+
+
+def small_linear_wins(m: int, n: int, k: int) -> bool:
+    """Whether the few-row kernels beat cuBLAS for an [m, k] x [n, k]^T call, as measured on an
+    H100 in bf16 (`notes/gpu/issue20/small_linear/`): 1-2 rows and a weight of at most 2^22
+    elements (SmolLM2's layers: 0.33-1.8M). Not at 6 rows (qkv 3.9 against 3.4 us, the first
+    tiles 9.6), not for a vocabulary head (49152 x 576: 24-31 against 22.5 us) and not for the
+    Llama-3-8B shape's weights (its step went 6.34 -> 7.52 ms with every projection on the kernel)."""
+    return 1 <= m <= 2 and n * k <= 1 << 22
 
 
 @triton.jit

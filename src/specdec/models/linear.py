@@ -6,8 +6,9 @@ bandwidth (the kernel module says why); the kernel spreads a weight over every S
 switch, off by default (`ExecutionConfig.small_linear`), because the win is a GPU measurement:
 `examples/bench_small_linear.py` times the two side by side per shape. Parameters, names and
 checkpoints are `nn.Linear`'s: the class only chooses the kernel of a call, from static sizes
-(rows <= `MAX_ROWS`, a dtype the kernel takes, rows contiguous along K, CUDA or the interpreter),
-so a captured step keeps one choice per bucket.
+(where `small_linear_wins`: 1-2 rows, a weight of at most 2^22 elements, as measured on an H100;
+a dtype the kernel takes, rows contiguous along K, CUDA or the interpreter), so a captured step
+keeps one choice per bucket.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..kernels.fused_linear import (fused_linear_refusal, norm_linear_triton, rms_norm_linear_triton,
                                      swiglu_linear_triton)
-from ..kernels.small_linear import MAX_ROWS, small_linear_refusal, small_linear_triton
+from ..kernels.small_linear import small_linear_refusal, small_linear_triton, small_linear_wins
 from ..ops.dispatch import use_triton
 
 __all__ = ["Linear", "fused_norm_linear", "fused_swiglu_linear", "small_rows_linear", "swiglu_down",
@@ -27,23 +28,24 @@ __all__ = ["Linear", "fused_norm_linear", "fused_swiglu_linear", "small_rows_lin
 
 def _few_rows(x: torch.Tensor, linear: nn.Module) -> int:
     """x [..., K]'s row count when `linear` is a `Linear` switched to the few-row kernels and the
-    kernels may run here (1 to MAX_ROWS rows contiguous along K, CUDA or the interpreter), else 0.
+    kernels run here and win (`small_linear_wins`; rows contiguous along K, CUDA or the
+    interpreter), else 0.
     Static sizes only: a captured step keeps one choice per bucket."""
     if not isinstance(linear, Linear) or not linear.small_rows:
         return 0
-    K = x.shape[-1]
-    rows = x.numel() // K if K else 0
-    if not 1 <= rows <= MAX_ROWS or x.stride(-1) != 1 or not use_triton("auto", x):
+    K = linear.weight.shape[-1]
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not small_linear_wins(rows, linear.weight.shape[0], K) or x.stride(-1) != 1 or not use_triton("auto", x):
         return 0
     return rows
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T + bias -> [..., N]: the small-linear kernel when x has 1 to
-    MAX_ROWS rows that it takes, else `F.linear` (more rows are GEMMs; other dtypes, CPU)."""
+    """x [..., K] @ weight [N, K]^T + bias -> [..., N]: the small-linear kernel where it wins
+    (`small_linear_wins`) and takes x, else `F.linear` (more rows, large weights, other dtypes, CPU)."""
     K = x.shape[-1]
     rows = x.numel() // K if K else 0
-    if not 1 <= rows <= MAX_ROWS or x.stride(-1) != 1 or not use_triton("auto", x):
+    if not small_linear_wins(rows, weight.shape[0], K) or x.stride(-1) != 1 or not use_triton("auto", x):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, K)  # a view for the step's contiguous activations; a copy of a few rows otherwise
     if small_linear_refusal(flat, weight, bias) is not None:  # another dtype, a strided weight: F.linear
@@ -93,7 +95,7 @@ def swiglu_down(gate_up: torch.Tensor, down_proj: nn.Module, pieces) -> torch.Te
 
 class Linear(nn.Linear):
     """`nn.Linear` with the few-row kernel as an option: ``small_rows`` (default False, set by
-    `use_small_linear`) sends calls of at most MAX_ROWS rows to `small_rows_linear`."""
+    `use_small_linear`) sends the calls where the kernel wins to `small_rows_linear`."""
 
     small_rows = False
 
