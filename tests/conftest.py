@@ -78,12 +78,24 @@ def installed_example_plugin(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
     """The real SmolLM2-135M-Instruct: (its GGUF, the converted folder). Reuses $SPECDEC_CACHE
-    when set, else converts once per test session (per xdist worker) into a temporary cache."""
+    when set, else converts once per test session into a temporary cache that the session's
+    xdist workers share (the first to ask converts, ~40 s; the others wait for it and find it
+    there, instead of each converting its own copy)."""
+    import fcntl
+
     from specdec.models import convert_gguf, smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
-    root = None if os.environ.get("SPECDEC_CACHE") else tmp_path_factory.mktemp("specdec_cache")
-    return gguf, convert_gguf(gguf, root=root)
+    if os.environ.get("SPECDEC_CACHE"):
+        return gguf, convert_gguf(gguf)
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above each worker's own (popen-gw0, popen-gw1, ...)
+    root = base / "specdec_cache"
+    root.mkdir(exist_ok=True)
+    with open(base / "specdec_cache.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one converts; convert_gguf then hits its folder for the rest
+        return gguf, convert_gguf(gguf, root=root)
 
 
 @pytest.fixture(scope="module")

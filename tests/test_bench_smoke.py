@@ -24,7 +24,10 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="--quick smoke
 def _run(*args: str, interpret: bool = True) -> str:
     """Run an example script; `interpret=False` keeps the Triton kernels off the interpreter (the
     ops' PyTorch references run: a script's table, not its kernels, is under test; bench_batch's
-    transformers run went 91 -> 20 s)."""
+    transformers run went 91 -> 20 s). The kernels' own scripts (bench_attention's launch configs,
+    bench_small_linear's) run them interpreted; the others time the references (bench_cycle,
+    bench_batch's prefill split and bench_e2e's tree shape: ~half their CPU time went to the
+    interpreter)."""
     env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0")
     run = subprocess.run([sys.executable, *args], cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
@@ -33,7 +36,7 @@ def _run(*args: str, interpret: bool = True) -> str:
 
 def test_bench_cycle_times_two_compile_modes_side_by_side():
     out = _run("bench_cycle.py", "--quick", "--compile", "off", "on", "--setups", "target-only", "chain-3",
-               "--contexts", "32", "--steps", "4")
+               "--contexts", "32", "--steps", "4", interpret=False)
     rows = [line for line in out.splitlines() if line.startswith("| 32 |")]
     assert [r.split("|")[2].strip() for r in rows] == [
         "target-only [compile off]", "eagle3 chain 3 [compile off]", "target-only [compile on]", "eagle3 chain 3 [compile on]",
@@ -66,7 +69,7 @@ def test_bench_batch_splits_each_setups_prefill_into_target_and_head_forwards(tm
     (bucket, variant) add up to the run's step time, and each one's host timeline to its time."""
     out = tmp_path / "rows.jsonl"
     text = _run("bench_batch.py", "--quick", "--targets", "8b-none", "--batch-sizes", "1", "--new-tokens", "4",
-                "--repeats", "1", "--out", str(out))
+                "--repeats", "1", "--out", str(out), interpret=False)
     assert "| 8b-none | 1 |" in text
     rows = {r["kind"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("kind_row") == "row"}
     assert set(rows) == {"target-only", "fixed", "adaptive"}
@@ -99,7 +102,7 @@ def test_bench_e2e_times_a_tree_shape_given_on_the_command_line():
     """`--tree-shapes D,K,N` adds an EAGLE-3 dynamic tree of that shape as a row (exact in float32:
     its output equals target-only's); a shape out of the policy's range is refused with it."""
     out = _run("bench_e2e.py", "--quick", "--setups", "target-only", "--tree-shapes", "3,2,4", "--batch-sizes", "1",
-               "--num-prompts", "2", "--new-tokens", "6")
+               "--num-prompts", "2", "--new-tokens", "6", interpret=False)
     row = next(line for line in out.splitlines() if line.startswith("| specdec eagle3 tree D=3 K=2 N=4 |"))
     assert row.rstrip().endswith("| 2/2 prompts |"), row
     env = dict(os.environ, TRITON_INTERPRET="1")
