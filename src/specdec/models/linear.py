@@ -26,28 +26,30 @@ __all__ = ["Linear", "fused_norm_linear", "fused_swiglu_linear", "small_rows_lin
            "use_small_linear"]
 
 
-def _few_rows(x: torch.Tensor, linear: nn.Module) -> int:
-    """x [..., K]'s row count when `linear` is a `Linear` switched to the few-row kernels and the
-    kernels run here and win (`small_linear_wins`; rows contiguous along K, CUDA or the
-    interpreter), else 0.
+def _kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """x [..., w]'s row count when the few-row kernels win for it against `weight` [N, K]
+    (`small_linear_wins`) and may run here (rows contiguous, CUDA or the interpreter), else 0.
     Static sizes only: a captured step keeps one choice per bucket."""
-    if not isinstance(linear, Linear) or not linear.small_rows:
-        return 0
-    K = linear.weight.shape[-1]
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not small_linear_wins(rows, linear.weight.shape[0], K) or x.stride(-1) != 1 or not use_triton("auto", x):
+    if not small_linear_wins(rows, weight.shape[0], weight.shape[-1]) or x.stride(-1) != 1 or not use_triton("auto", x):
         return 0
     return rows
+
+
+def _few_rows(x: torch.Tensor, linear: nn.Module) -> int:
+    """`_kernel_rows` for a `Linear` switched to the few-row kernels; 0 for any other module."""
+    if not isinstance(linear, Linear) or not linear.small_rows:
+        return 0
+    return _kernel_rows(x, linear.weight)
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T + bias -> [..., N]: the small-linear kernel where it wins
     (`small_linear_wins`) and takes x, else `F.linear` (more rows, large weights, other dtypes, CPU)."""
-    K = x.shape[-1]
-    rows = x.numel() // K if K else 0
-    if not small_linear_wins(rows, weight.shape[0], K) or x.stride(-1) != 1 or not use_triton("auto", x):
+    rows = _kernel_rows(x, weight)
+    if not rows:
         return F.linear(x, weight, bias)
-    flat = x.reshape(rows, K)  # a view for the step's contiguous activations; a copy of a few rows otherwise
+    flat = x.reshape(rows, x.shape[-1])  # a view for the step's contiguous activations; a copy of a few rows otherwise
     if small_linear_refusal(flat, weight, bias) is not None:  # another dtype, a strided weight: F.linear
         return F.linear(x, weight, bias)
     return small_linear_triton(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
